@@ -1,0 +1,58 @@
+# Footnote: every target creates or reuses the virtual environment in .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed
+PROTOS := $(wildcard proto/footnote/v1/*.proto)
+GENERATED := footnote/v1/.generated
+LLM ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup proto lint test test-llm run dev bench clean
+
+setup: $(STAMP) $(GENERATED)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade "pip>=24"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	touch $@
+
+# The generated stubs are not committed: they are rebuilt whenever a .proto changes.
+$(GENERATED): $(STAMP) $(PROTOS)
+	$(PY) -m grpc_tools.protoc -Iproto \
+		-I"$$($(PY) -c 'import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"))')" \
+		--plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy --plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc \
+		--python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $(PROTOS)
+	touch footnote/v1/__init__.py $@
+
+proto: $(STAMP)
+	rm -f $(GENERATED)
+	$(MAKE) $(GENERATED)
+
+lint: setup
+	cd proto && ../$(BIN)/buf lint
+	@if git rev-parse --verify -q main >/dev/null && git cat-file -e main:proto/buf.yaml 2>/dev/null; then \
+		cd proto && ../$(BIN)/buf breaking --against '../.git#branch=main,subdir=proto'; \
+	fi
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: setup
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-llm: setup
+	$(BIN)/pytest -m llm $(PYTEST_ARGS)
+
+run: setup
+	$(BIN)/footnote demo $(if $(LLM),--llm $(LLM),)
+
+dev: setup
+	$(BIN)/footnote dev $(if $(LLM),--llm $(LLM),)
+
+bench: setup
+	$(PY) bench/citations.py
+
+clean:
+	rm -rf $(VENV) footnote/v1/*_pb2*.py footnote/v1/*.pyi $(GENERATED) .pytest_cache
