@@ -1,0 +1,49 @@
+"""Footnote's configuration: one Settings object read from FOOTNOTE_* environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Settings of the server and workers; an unset service URL means "start the embedded one"."""
+
+    model_config = SettingsConfigDict(env_prefix="FOOTNOTE_", extra="ignore")
+
+    database_url: str | None = None
+    broker_url: str | None = None
+    s3_endpoint: str | None = Field(default=None, description="http(s)://host:port of the S3 API")
+    s3_access_key: str | None = None
+    s3_secret_key: str | None = None
+    s3_bucket: str = "footnote"
+    s3_region: str = "us-east-1"
+
+    llm_base_url: str | None = None
+    llm_model: str = "default"
+    llm_api_key: str | None = None
+    llm_timeout_seconds: float = 60.0
+
+    embeddings_base_url: str | None = None
+    embeddings_model: str | None = None
+    embeddings_api_key: str | None = None
+    embeddings_dim: int | None = None
+
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 50051
+    http_port: int = 8080
+    public_base_url: str | None = None
+    state_dir: Path = Path("state")
+    dev_api_key: str | None = None
+
+    max_upload_bytes: int = 100 * 1024 * 1024
+    shutdown_grace_seconds: float = 5.0
+    log_level: str = "INFO"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

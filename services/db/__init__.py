@@ -1,0 +1,1 @@
+"""SQL storage: typed models, engine and session handling, migrations."""

@@ -1,0 +1,135 @@
+"""The gRPC server: create_server builds it, main runs it until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from footnote.v1 import (
+    assistants_service_pb2,
+    assistants_service_pb2_grpc,
+    chat_service_pb2,
+    chat_service_pb2_grpc,
+    conversations_service_pb2,
+    conversations_service_pb2_grpc,
+    documents_service_pb2,
+    documents_service_pb2_grpc,
+)
+from services.assistants.servicer import AssistantsServicer
+from services.auth import Authenticator
+from services.config import Settings
+from services.db.session import Database, make_engine
+from services.rpc import FootnoteInterceptor
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    assistants_service_pb2.DESCRIPTOR.services_by_name["AssistantsService"].full_name,
+    documents_service_pb2.DESCRIPTOR.services_by_name["DocumentsService"].full_name,
+    chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"].full_name,
+    conversations_service_pb2.DESCRIPTOR.services_by_name["ConversationsService"].full_name,
+)
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass
+class Deps:
+    """What the servicers need from the outside world, built once per process."""
+
+    db: Database
+    authenticator: Authenticator
+    health: HealthServicer
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Deps:
+        if not settings.database_url:
+            raise RuntimeError("FOOTNOTE_DATABASE_URL is not set (footnote dev sets it for you)")
+        db = Database(make_engine(settings.database_url))
+        return cls(db=db, authenticator=Authenticator(db), health=HealthServicer())
+
+    def close(self) -> None:
+        self.db.dispose()
+
+
+def create_server(settings: Settings, deps: Deps) -> tuple[grpc.aio.Server, int]:
+    """Builds the server and binds its port without starting it; port 0 picks a free port."""
+    server = grpc.aio.server(
+        interceptors=[FootnoteInterceptor(deps.authenticator)],
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+    assistants_service_pb2_grpc.add_AssistantsServiceServicer_to_server(
+        AssistantsServicer(deps.db), server
+    )
+    # These answer UNIMPLEMENTED until their services are built.
+    documents_service_pb2_grpc.add_DocumentsServiceServicer_to_server(
+        documents_service_pb2_grpc.DocumentsServiceServicer(), server
+    )
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
+        chat_service_pb2_grpc.ChatServiceServicer(), server
+    )
+    conversations_service_pb2_grpc.add_ConversationsServiceServicer_to_server(
+        conversations_service_pb2_grpc.ConversationsServiceServicer(), server
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(deps.health, server)
+    reflection.enable_server_reflection(
+        (
+            *SERVICE_NAMES,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    port = server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
+    if port == 0:
+        raise RuntimeError(f"could not bind {settings.grpc_host}:{settings.grpc_port}")
+    return server, port
+
+
+async def mark_serving(health: HealthServicer) -> None:
+    for name in ("", *SERVICE_NAMES):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+
+async def serve(
+    settings: Settings, stop: asyncio.Event, ready: asyncio.Future[int] | None = None
+) -> None:
+    """Serves until stop is set, then drains in-flight calls; ready receives the bound port."""
+    deps = Deps.from_settings(settings)
+    server, port = create_server(settings, deps)
+    await server.start()
+    await mark_serving(deps.health)
+    log.info("serving gRPC on %s:%d", settings.grpc_host, port)
+    if ready is not None:
+        ready.set_result(port)
+    try:
+        await stop.wait()
+    finally:
+        # Health flips to NOT_SERVING first so balancers stop sending new calls.
+        await deps.health.enter_graceful_shutdown()
+        await server.stop(settings.shutdown_grace_seconds)
+        deps.close()
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
+def main(settings: Settings) -> None:
+    async def run() -> None:
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        await serve(settings, stop)
+
+    asyncio.run(run())
