@@ -1,0 +1,1 @@
+"""Assistants and their settings."""
