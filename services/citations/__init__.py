@@ -1,0 +1,58 @@
+"""The citation engine: numbered sources in, markers found, spans and sources out. No I/O."""
+
+from services.citations.context import build_context, source_label
+from services.citations.extract import Extraction, Marker, extract
+from services.citations.finalize import finalize, finalize_extraction
+from services.citations.manifest import Manifest, build_manifest, make_excerpt, normalize_score
+from services.citations.spans import SupportScorer, build_spans
+from services.citations.stale import DocumentVersion, is_stale, mark_stale, version_of
+from services.citations.stream import CitationEvent, Delta, MarkerBuffer, StreamEvent
+from services.citations.styles import apply_style, format_source
+from services.citations.types import (
+    HEADING_SEPARATOR,
+    Citations,
+    CitationSource,
+    CitationSpan,
+    CitationStyle,
+    RerankScale,
+    RetrievedChunk,
+    ScoreKind,
+    SourceLocation,
+    join_heading,
+)
+
+__all__ = [
+    "HEADING_SEPARATOR",
+    "CitationEvent",
+    "CitationSource",
+    "CitationSpan",
+    "CitationStyle",
+    "Citations",
+    "Delta",
+    "DocumentVersion",
+    "Extraction",
+    "Manifest",
+    "Marker",
+    "MarkerBuffer",
+    "RerankScale",
+    "RetrievedChunk",
+    "ScoreKind",
+    "SourceLocation",
+    "StreamEvent",
+    "SupportScorer",
+    "apply_style",
+    "build_context",
+    "build_manifest",
+    "build_spans",
+    "extract",
+    "finalize",
+    "finalize_extraction",
+    "format_source",
+    "is_stale",
+    "join_heading",
+    "make_excerpt",
+    "mark_stale",
+    "normalize_score",
+    "source_label",
+    "version_of",
+]

@@ -1,0 +1,140 @@
+"""Source numbering, de-duplication across rounds, score normalisation and excerpts."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.citations import (
+    RerankScale,
+    RetrievedChunk,
+    ScoreKind,
+    SourceLocation,
+    build_manifest,
+    make_excerpt,
+    normalize_score,
+)
+
+
+def chunk(
+    chunk_id: str, score: float, kind: ScoreKind = ScoreKind.SIMILARITY, **kw
+) -> RetrievedChunk:
+    fields = {
+        "document_id": f"doc-{chunk_id}",
+        "document_name": f"{chunk_id}.md",
+        "content_type": "text/markdown",
+        "chunk_index": 0,
+        "text": f"text of {chunk_id}",
+    }
+    fields.update(kw)
+    return RetrievedChunk(chunk_id=chunk_id, score=score, score_kind=kind, **fields)
+
+
+def test_sources_are_numbered_from_one_by_score() -> None:
+    manifest = build_manifest([chunk("a", 0.2), chunk("b", 0.9), chunk("c", 0.5)])
+    assert [(s.index, s.chunk_id) for s in manifest.sources] == [(1, "b"), (2, "c"), (3, "a")]
+    assert [c.chunk_id for c in manifest.chunks] == ["b", "c", "a"]
+
+
+def test_a_chunk_seen_in_several_rounds_keeps_its_best_stage_then_value() -> None:
+    rounds = [
+        chunk("a", 0.95, ScoreKind.SIMILARITY),
+        chunk("a", 0.01, ScoreKind.FUSED),
+        chunk("a", 0.40, ScoreKind.RERANK),
+        chunk("a", 0.30, ScoreKind.RERANK),
+        chunk("b", 0.02, ScoreKind.FUSED),
+        chunk("b", 0.03, ScoreKind.FUSED),
+    ]
+    manifest = build_manifest(rounds)
+    scores = {s.chunk_id: s.score for s in manifest.sources}
+    assert len(manifest) == 2
+    assert scores["a"] == pytest.approx(0.40)
+    assert scores["b"] == pytest.approx(0.03 * 61 / 2)
+
+
+def test_at_most_max_sources_are_kept() -> None:
+    hits = [chunk(f"c{i}", i / 100) for i in range(30)]
+    manifest = build_manifest(hits, max_sources=4)
+    assert [s.chunk_id for s in manifest.sources] == ["c29", "c28", "c27", "c26"]
+    assert build_manifest(hits, max_sources=0).sources == ()
+    with pytest.raises(ValueError):
+        build_manifest(hits, max_sources=-1)
+
+
+def test_ties_are_numbered_the_same_whatever_the_input_order() -> None:
+    hits = [chunk("x", 0.5, document_id="d2"), chunk("y", 0.5, document_id="d1")]
+    assert build_manifest(hits).sources == build_manifest(hits[::-1]).sources
+
+
+def test_source_carries_location_and_document_version() -> None:
+    location = SourceLocation(10, 50, 3, 4, 2, 2, "Install > Linux")
+    hit = chunk("a", 0.5, location=location, document_sha256="ab" * 32, chunk_index=7)
+    source = build_manifest([hit]).sources[0]
+    assert source.location == location
+    assert source.document_sha256 == "ab" * 32
+    assert source.chunk_index == 7
+    assert source.download_url == "" and not source.stale and source.formatted == ""
+
+
+@pytest.mark.parametrize(
+    ("score", "kind", "scale", "expected"),
+    [
+        (0.83, ScoreKind.SIMILARITY, RerankScale.PROBABILITY, 0.83),
+        (-0.2, ScoreKind.SIMILARITY, RerankScale.PROBABILITY, 0.0),
+        (1.0000001, ScoreKind.SIMILARITY, RerankScale.PROBABILITY, 1.0),
+        (2 / 61, ScoreKind.FUSED, RerankScale.PROBABILITY, 1.0),
+        (1 / 61, ScoreKind.FUSED, RerankScale.PROBABILITY, 0.5),
+        (0.7, ScoreKind.RERANK, RerankScale.PROBABILITY, 0.7),
+        (0.0, ScoreKind.RERANK, RerankScale.LOGIT, 0.5),
+        (-1000.0, ScoreKind.RERANK, RerankScale.LOGIT, 0.0),
+        (1000.0, ScoreKind.RERANK, RerankScale.LOGIT, 1.0),
+        (math.nan, ScoreKind.SIMILARITY, RerankScale.PROBABILITY, 0.0),
+    ],
+)
+def test_normalize_score(
+    score: float, kind: ScoreKind, scale: RerankScale, expected: float
+) -> None:
+    assert normalize_score(score, kind, rerank_scale=scale) == pytest.approx(expected)
+
+
+@given(
+    st.sampled_from(list(ScoreKind)),
+    st.sampled_from(list(RerankScale)),
+    st.floats(allow_nan=False, width=32),
+    st.floats(allow_nan=False, width=32),
+)
+def test_normalisation_is_monotonic_and_bounded(kind, scale, a, b) -> None:
+    low, high = sorted((a, b))
+    n_low = normalize_score(low, kind, rerank_scale=scale)
+    n_high = normalize_score(high, kind, rerank_scale=scale)
+    assert 0.0 <= n_low <= n_high <= 1.0
+
+
+def test_excerpt_is_cut_at_a_word_boundary_and_the_ellipsis_counts() -> None:
+    text = "Revenue grew  five percent\nin the third quarter."
+    assert make_excerpt(text, 100) == "Revenue grew five percent in the third quarter."
+    assert make_excerpt(text, 20) == "Revenue grew five..."
+    assert make_excerpt(text, 19) == "Revenue grew..."
+    assert make_excerpt("Revenue, costs and more", 12) == "Revenue..."
+    assert make_excerpt("Supercalifragilistic", 10) == "Superca..."
+    assert make_excerpt("abcdef", 3) == "abc"
+    assert make_excerpt("abcdef", 0) == ""
+
+
+@settings(max_examples=300)
+@given(st.text(alphabet="ab \n.,", max_size=80), st.integers(0, 90))
+def test_excerpt_never_exceeds_its_limit(text: str, limit: int) -> None:
+    excerpt = make_excerpt(text, limit)
+    flat = " ".join(text.split())
+    assert len(excerpt) <= limit
+    if len(flat) <= limit:
+        assert excerpt == flat
+    elif limit > 3:
+        assert excerpt.endswith("...")
+        assert flat.startswith(excerpt[:-3])
+
+
+def test_excerpt_chars_is_applied() -> None:
+    hit = chunk("a", 0.5, text="word " * 100)
+    assert len(build_manifest([hit], excerpt_chars=30).sources[0].excerpt) <= 30
