@@ -1,0 +1,161 @@
+"""`footnote dev`: the embedded stack, a Celery worker and the gRPC server, as one command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services import auth
+from services.client import CLIENT_FILE
+from services.config import Settings
+from services.db import migrate
+from services.db.session import Database, make_engine
+from services.server import install_stop_signals, serve
+from services.stack import EmbeddedStack, Endpoints
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS_FILE = "endpoints.json"
+DEV_KEY_FILE = "dev_api_key"
+DEV_TENANT = "dev"
+
+
+def settings_with_endpoints(settings: Settings, endpoints: Endpoints) -> Settings:
+    return settings.model_copy(
+        update={
+            "database_url": endpoints.database_url,
+            "broker_url": endpoints.broker_url,
+            "s3_endpoint": endpoints.s3_endpoint,
+            "s3_access_key": endpoints.s3_access_key,
+            "s3_secret_key": endpoints.s3_secret_key,
+            "s3_bucket": endpoints.s3_bucket,
+        }
+    )
+
+
+def write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def load_endpoints(state_dir: Path) -> Endpoints | None:
+    """The endpoints of a dev stack running on state_dir, if one is running."""
+    path = state_dir / ENDPOINTS_FILE
+    if not path.exists():
+        return None
+    return Endpoints(**json.loads(path.read_text()))
+
+
+def ensure_dev_key(db: Database, state_dir: Path, configured: str | None) -> str:
+    """The configured dev key, or the one kept in the state dir, or a new one."""
+    key_file = state_dir / DEV_KEY_FILE
+    key = configured or (key_file.read_text().strip() if key_file.exists() else "")
+    if not key:
+        key = auth.new_key()
+        write_private(key_file, key)
+    db.transact(lambda s: auth.store_key(s, DEV_TENANT, key, name="dev"))
+    return key
+
+
+def start_worker(stack: EmbeddedStack, endpoints: Endpoints) -> None:
+    """Starts one worker for every queue, supervised and stopped with the stack."""
+    stack.supervise(
+        "worker",
+        [sys.executable, "-m", "services.cli", "worker", "--concurrency", "2"],
+        env={**os.environ, **endpoints.as_env()},
+    )
+
+
+async def wait_healthy(target: str, timeout: float = 30.0) -> None:
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+            await asyncio.sleep(0.1)
+
+
+async def serve_until_signalled(settings: Settings, key: str, state_dir: Path) -> None:
+    stop = asyncio.Event()
+    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    install_stop_signals(stop)
+    server = asyncio.create_task(serve(settings, stop, ready))
+    await asyncio.wait({server, ready}, return_when=asyncio.FIRST_COMPLETED)
+    if not ready.done():
+        await server  # raises why the server could not start
+        return
+    target = f"{settings.grpc_host}:{ready.result()}"
+    await wait_healthy(target)
+    # Lets `footnote upload --state-dir` and friends find this server and its key.
+    write_private(state_dir / CLIENT_FILE, json.dumps({"target": target, "api_key": key}))
+    print(f"footnote: ready at {target}", flush=True)
+    print(f"footnote: api key {key}", flush=True)
+    await server
+
+
+@contextmanager
+def signals_raise() -> Iterator[None]:
+    """Turns SIGTERM into KeyboardInterrupt while starting up, so cleanup still runs."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_dev(settings: Settings, state_dir: Path) -> None:
+    state_dir = state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    stack = EmbeddedStack(
+        state_dir,
+        database_url=settings.database_url,
+        broker_url=settings.broker_url,
+        s3_endpoint=settings.s3_endpoint,
+        s3_access_key=settings.s3_access_key,
+        s3_secret_key=settings.s3_secret_key,
+        s3_bucket=settings.s3_bucket,
+    )
+    try:
+        with signals_raise():
+            endpoints = stack.start()
+            settings = settings_with_endpoints(settings, endpoints)
+            migrate.upgrade(settings.database_url or "")
+            db = Database(make_engine(settings.database_url or "", pool_size=1))
+            try:
+                key = ensure_dev_key(db, state_dir, settings.dev_api_key)
+            finally:
+                db.dispose()
+            write_private(state_dir / ENDPOINTS_FILE, json.dumps(endpoints.__dict__))
+            start_worker(stack, endpoints)
+        asyncio.run(serve_until_signalled(settings, key, state_dir))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        # A second signal must not cut the cleanup short and leave children behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stack.stop()
+        for name in (ENDPOINTS_FILE, CLIENT_FILE):
+            (state_dir / name).unlink(missing_ok=True)
+        print("footnote: stopped", flush=True)
