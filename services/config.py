@@ -40,6 +40,18 @@ class Settings(BaseSettings):
     dev_api_key: str | None = None
 
     max_upload_bytes: int = 100 * 1024 * 1024
+    chunk_chars: int = 1200
+    chunk_overlap_chars: int = 200
+    # Ingestion: a worker holds a lease on the document it works on and renews it every third
+    # of the lease; when a killed worker's lease runs out, the reconciler re-sends the task.
+    ingest_lease_seconds: float = 60.0
+    ingest_max_retries: int = 5
+    ingest_retry_backoff_seconds: int = 2
+    ingest_retry_backoff_max_seconds: int = 300
+    reconcile_interval_seconds: float = 30.0
+    # A PENDING document is re-sent this long after its last send (it may sit in a backlog).
+    reconcile_queued_grace_seconds: float = 300.0
+    link_timeout_seconds: float = 5.0
     shutdown_grace_seconds: float = 5.0
     log_level: str = "INFO"
 

@@ -51,6 +51,11 @@ class Unauthenticated(FootnoteError):
     reason = "UNAUTHENTICATED"
 
 
+class AlreadyExists(FootnoteError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "ALREADY_EXISTS"
+
+
 class FailedPrecondition(FootnoteError):
     code = grpc.StatusCode.FAILED_PRECONDITION
     reason = "FAILED_PRECONDITION"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import uuid
+from datetime import datetime
 from typing import Any
 
 from services.errors import InvalidArgument
@@ -36,3 +38,18 @@ def decode_token(token: str, kind: str) -> dict[str, Any] | None:
     if not isinstance(cursor, dict) or cursor.pop("k", None) != kind:
         raise InvalidArgument("page_token", "page_token is not a token from this list")
     return cursor
+
+
+def position_token(kind: str, when: datetime, row_id: uuid.UUID) -> str:
+    """A token for lists ordered by (a time, id): it remembers the last row served."""
+    return encode_token(kind, {"t": when.isoformat(), "id": str(row_id)})
+
+
+def decode_position(token: str, kind: str) -> tuple[datetime, uuid.UUID] | None:
+    cursor = decode_token(token, kind)
+    if cursor is None:
+        return None
+    try:
+        return datetime.fromisoformat(cursor["t"]), uuid.UUID(cursor["id"])
+    except (KeyError, TypeError, ValueError):
+        raise InvalidArgument("page_token", "page_token is not a token from this list") from None

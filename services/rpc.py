@@ -10,14 +10,29 @@ from datetime import datetime
 from typing import Any
 
 import grpc
+import kombu.exceptions
+import sqlalchemy.exc
 from google.protobuf import any_pb2, timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from services.auth import Authenticator, Principal
-from services.errors import ERROR_DOMAIN, FootnoteError, Unauthenticated, Unimplemented
+from services.errors import (
+    ERROR_DOMAIN,
+    FootnoteError,
+    Unauthenticated,
+    Unavailable,
+    Unimplemented,
+)
 
 log = logging.getLogger(__name__)
+
+# Failures of a dependency rather than of the call: the client may retry (UNAVAILABLE).
+DEPENDENCY_ERRORS: tuple[type[BaseException], ...] = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.TimeoutError,
+    kombu.exceptions.OperationalError,
+)
 
 # Health and reflection stay open so probes and tools work without a key.
 PUBLIC_SERVICE_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
@@ -63,6 +78,11 @@ async def abort_for(context: grpc.aio.ServicerContext, exc: BaseException, metho
     """Ends the RPC with the status for exc; unknown errors are logged and never described."""
     if isinstance(exc, FootnoteError):
         await context.abort_with_status(error_status(exc))
+    if isinstance(exc, DEPENDENCY_ERRORS):
+        log.warning("a dependency failed in %s: %s", method, type(exc).__name__)
+        await context.abort_with_status(
+            error_status(Unavailable("a service this call depends on is unavailable; retry"))
+        )
     if isinstance(exc, NotImplementedError):
         # Generated servicer bases raise this for RPCs that a later release implements.
         await context.abort_with_status(

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
+from celery import Celery
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -26,7 +28,11 @@ from services.assistants.servicer import AssistantsServicer
 from services.auth import Authenticator
 from services.config import Settings
 from services.db.session import Database, make_engine
+from services.documents.links import LinkSigner
+from services.documents.servicer import DocumentsServicer
 from services.rpc import FootnoteInterceptor
+from services.storage import Storage
+from workers.app import create_app
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +52,43 @@ class Deps:
     db: Database
     authenticator: Authenticator
     health: HealthServicer
+    storage: Storage
+    celery: Celery
+    links: LinkSigner
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Deps:
-        if not settings.database_url:
-            raise RuntimeError("FOOTNOTE_DATABASE_URL is not set (footnote dev sets it for you)")
-        db = Database(make_engine(settings.database_url))
-        return cls(db=db, authenticator=Authenticator(db), health=HealthServicer())
+        missing = [
+            f"FOOTNOTE_{name.upper()}"
+            for name in ("database_url", "broker_url", "s3_endpoint")
+            if not getattr(settings, name)
+        ]
+        if missing:
+            raise RuntimeError(f"{', '.join(missing)} not set (footnote dev sets them for you)")
+        db = Database(make_engine(settings.database_url or ""))
+        celery = create_app(settings)
+        return cls(
+            db=db,
+            authenticator=Authenticator(db),
+            health=HealthServicer(),
+            storage=Storage(
+                settings.s3_endpoint or "",
+                settings.s3_access_key or "",
+                settings.s3_secret_key or "",
+                settings.s3_bucket,
+                region=settings.s3_region,
+            ),
+            celery=celery,
+            links=LinkSigner(celery, settings.link_timeout_seconds),
+        )
+
+    def send(self, task: str) -> Callable[[str], None]:
+        """Sends a task by name, so the frontend never imports worker code."""
+        return lambda document_id: self.celery.send_task(task, args=[document_id])
 
     def close(self) -> None:
         self.db.dispose()
+        self.celery.close()
 
 
 def create_server(settings: Settings, deps: Deps) -> tuple[grpc.aio.Server, int]:
@@ -70,10 +103,18 @@ def create_server(settings: Settings, deps: Deps) -> tuple[grpc.aio.Server, int]
     assistants_service_pb2_grpc.add_AssistantsServiceServicer_to_server(
         AssistantsServicer(deps.db), server
     )
-    # These answer UNIMPLEMENTED until their services are built.
     documents_service_pb2_grpc.add_DocumentsServiceServicer_to_server(
-        documents_service_pb2_grpc.DocumentsServiceServicer(), server
+        DocumentsServicer(
+            deps.db,
+            deps.storage,
+            deps.links,
+            send_ingest=deps.send("documents.ingest"),
+            send_purge=deps.send("documents.purge"),
+            max_upload_bytes=settings.max_upload_bytes,
+        ),
+        server,
     )
+    # Chat and conversations answer UNIMPLEMENTED until their services are built.
     chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
         chat_service_pb2_grpc.ChatServiceServicer(), server
     )
@@ -105,6 +146,7 @@ async def serve(
 ) -> None:
     """Serves until stop is set, then drains in-flight calls; ready receives the bound port."""
     deps = Deps.from_settings(settings)
+    await asyncio.to_thread(deps.storage.ensure_bucket)
     server, port = create_server(settings, deps)
     await server.start()
     await mark_serving(deps.health)

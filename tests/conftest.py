@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -22,20 +28,110 @@ from services.stack import EmbeddedStack
 
 @pytest.fixture(scope="session")
 def state_dir() -> Iterator[Path]:
-    # Postgres listens on a unix socket inside the state dir, and socket paths stop at ~100 chars.
+    # A short path keeps log and data paths readable; nothing depends on its length.
     path = Path(tempfile.mkdtemp(prefix="fnt", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+# Small limits and short leases so failure paths play out in seconds, not minutes.
+TEST_LIMITS = {
+    "max_upload_bytes": 2 * 1024 * 1024,
+    "ingest_lease_seconds": 6.0,
+    "ingest_max_retries": 2,
+    "ingest_retry_backoff_seconds": 1,
+    "ingest_retry_backoff_max_seconds": 2,
+    "reconcile_interval_seconds": 2.0,
+    "reconcile_queued_grace_seconds": 10.0,
+    "link_timeout_seconds": 10.0,
+}
+
+
+def worker_env(settings: Settings, **overrides: str) -> dict[str, str]:
+    """The environment of a worker process pointed at the test stack."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FOOTNOTE_")}
+    for name in (
+        "database_url",
+        "broker_url",
+        "s3_endpoint",
+        "s3_access_key",
+        "s3_secret_key",
+        "s3_bucket",
+        *TEST_LIMITS,
+    ):
+        env[f"FOOTNOTE_{name.upper()}"] = str(getattr(settings, name))
+    env.update(overrides)
+    return env
+
+
+def start_worker(
+    env: dict[str, str], log_path: Path, queues: str = "ingest,links"
+) -> subprocess.Popen[bytes]:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "worker",
+                "--queues",
+                queues,
+                "--concurrency",
+                "2",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def wait_worker_ready(broker_url: str, timeout: float = 90.0) -> None:
+    from celery import Celery
+
+    probe = Celery(broker=broker_url)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if probe.control.ping(timeout=1.0):
+                return
+        raise AssertionError("the Celery worker did not answer a ping in time")
+    finally:
+        probe.close()
+
+
+def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 @pytest.fixture(scope="session")
 def settings(state_dir: Path) -> Iterator[Settings]:
     with EmbeddedStack(state_dir) as stack:
         configured = settings_with_endpoints(
-            Settings(_env_file=None, grpc_port=0, shutdown_grace_seconds=1.0), stack.endpoints
+            Settings(_env_file=None, grpc_port=0, shutdown_grace_seconds=1.0, **TEST_LIMITS),
+            stack.endpoints,
         )
         migrate.upgrade(configured.database_url or "")
         yield configured
+
+
+@pytest.fixture(scope="session")
+def worker(settings: Settings, state_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """One real Celery worker for both queues, shared by the session."""
+    proc = start_worker(worker_env(settings), state_dir / "worker.log")
+    try:
+        wait_worker_ready(settings.broker_url or "")
+        yield proc
+    finally:
+        kill_group(proc)
 
 
 @pytest.fixture(scope="session")

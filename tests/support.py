@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import io
+import uuid
+from collections.abc import AsyncIterator
+
 import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+
+from footnote.v1 import documents_service_pb2 as pb
+from services.assistants.domain import create_assistant
+from services.documents import domain
+from services.storage import object_key
+
+FINAL = {pb.DOCUMENT_STATE_READY, pb.DOCUMENT_STATE_FAILED}
 
 
 def bearer(key: str) -> tuple[tuple[str, str], ...]:
@@ -21,3 +34,67 @@ def error_info(err: grpc.aio.AioRpcError | grpc.RpcError) -> error_details_pb2.E
             detail.Unpack(info)
             return info
     raise AssertionError("the status carries no ErrorInfo")
+
+
+async def requests(
+    assistant_id: str,
+    name: str,
+    data: bytes,
+    content_type: str = "",
+    request_id: str = "",
+    piece: int = 64 * 1024,
+) -> AsyncIterator[pb.UploadDocumentRequest]:
+    yield pb.UploadDocumentRequest(
+        metadata=pb.UploadDocumentMetadata(
+            assistant_id=assistant_id,
+            display_name=name,
+            content_type=content_type,
+            request_id=request_id,
+        )
+    )
+    for start in range(0, len(data), piece):
+        yield pb.UploadDocumentRequest(chunk=data[start : start + piece])
+
+
+async def upload(docs, key, assistant_id, name, data, **kw) -> pb.Document:
+    return await docs.UploadDocument(requests(assistant_id, name, data, **kw), metadata=bearer(key))
+
+
+async def watch(docs, key, document_id: str, timeout: float = 120) -> list[pb.Document]:
+    seen = []
+    async with asyncio.timeout(timeout):
+        async for doc in docs.WatchDocument(
+            pb.WatchDocumentRequest(id=document_id), metadata=bearer(key)
+        ):
+            seen.append(doc)
+    assert seen[-1].state in FINAL
+    return seen
+
+
+async def ingest(docs, key, assistant_id, name, data, **kw) -> pb.Document:
+    doc = await upload(docs, key, assistant_id, name, data, **kw)
+    return (await watch(docs, key, doc.id))[-1]
+
+
+def stored_document(db, storage, tenant: str, data: bytes, name: str) -> str:
+    """A PENDING document with its bytes in S3, made without sending any task."""
+    assistant = db.transact(lambda s: create_assistant(s, tenant, "ingest", {}))
+    doc_id = uuid.uuid4()
+    sha = hashlib.sha256(data).hexdigest()
+    key = object_key(str(doc_id), sha)
+    storage.put(key, io.BytesIO(data), len(data), "text/markdown")
+    db.transact(
+        lambda s: domain.insert_document(
+            s,
+            document_id=doc_id,
+            tenant_id=tenant,
+            assistant_id=assistant.id,
+            display_name=name,
+            content_type="text/markdown",
+            size_bytes=len(data),
+            sha256=sha,
+            object_key=key,
+            request_id="",
+        )
+    )
+    return str(doc_id)

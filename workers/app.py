@@ -33,11 +33,20 @@ def create_app(settings: Settings | None = None) -> Celery:
         result_backend_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS},
         result_expires=3600,
         broker_connection_retry_on_startup=True,
+        broker_connection_timeout=4,
+        # A frontend publishing while the broker is down must fail fast, not hang the RPC;
+        # the reconciler re-sends whatever was not published.
+        task_publish_retry_policy={
+            "max_retries": 2,
+            "interval_start": 0,
+            "interval_step": 0.5,
+            "interval_max": 1,
+        },
         task_serializer="json",
         accept_content=["json"],
         result_serializer="json",
         worker_hijack_root_logger=False,
-        include=[],
+        include=["workers.ingest", "workers.links"],
     )
     return app
 

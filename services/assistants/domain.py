@@ -16,7 +16,7 @@ from services.db.models import Assistant as AssistantRow
 from services.db.models import utcnow
 from services.errors import InvalidArgument, NotFound
 from services.ids import parse_id
-from services.pagination import decode_token, encode_token, page_size
+from services.pagination import decode_position, page_size, position_token
 
 
 class LinkMode(StrEnum):
@@ -191,15 +191,9 @@ def list_assistants(
     s: Session, tenant_id: str, requested_size: int, token: str
 ) -> tuple[list[AssistantRecord], str]:
     size = page_size(requested_size)
-    cursor = decode_token(token, "assistants")
+    after = decode_position(token, "assistants")
     query = select(AssistantRow).where(AssistantRow.tenant_id == tenant_id)
-    if cursor is not None:
-        try:
-            after = (datetime.fromisoformat(cursor["t"]), uuid.UUID(cursor["id"]))
-        except (KeyError, TypeError, ValueError):
-            raise InvalidArgument(
-                "page_token", "page_token is not a token from this list"
-            ) from None
+    if after is not None:
         query = query.where(tuple_(AssistantRow.create_time, AssistantRow.id) > after)
     rows = s.scalars(
         query.order_by(AssistantRow.create_time, AssistantRow.id).limit(size + 1)
@@ -207,10 +201,7 @@ def list_assistants(
     next_token = ""
     if len(rows) > size:
         rows = rows[:size]
-        last = rows[-1]
-        next_token = encode_token(
-            "assistants", {"t": last.create_time.isoformat(), "id": str(last.id)}
-        )
+        next_token = position_token("assistants", rows[-1].create_time, rows[-1].id)
     return [to_record(r) for r in rows], next_token
 
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
+from pgvector.sqlalchemy import Vector
 from sqlalchemy import (
+    BigInteger,
     Boolean,
+    Computed,
     DateTime,
     Float,
+    ForeignKey,
     Index,
     Integer,
     MetaData,
@@ -17,7 +21,12 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
 )
+from sqlalchemy.dialects.postgresql import ARRAY, TSVECTOR
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# The local embedding model's dimension; a server model must be configured to match it,
+# because the HNSW index needs one fixed dimension.
+EMBEDDING_DIM = 384
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -80,3 +89,75 @@ class Assistant(Base):
     max_sources: Mapped[int] = mapped_column(Integer)
     excerpt_chars: Mapped[int] = mapped_column(Integer)
     enable_retrieval_gate: Mapped[bool] = mapped_column(Boolean)
+
+
+class Document(Base):
+    """An uploaded file; its state machine lives here, not in the broker."""
+
+    __tablename__ = "documents"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "request_id"),
+        Index("ix_documents_tenant_id_create_time_id", "tenant_id", "create_time", "id"),
+        # The reconciler looks for PENDING or PROCESSING documents whose lease ran out.
+        Index("ix_documents_state_lease_until", "state", "lease_until"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    assistant_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("assistants.id", ondelete="CASCADE"), index=True
+    )
+    display_name: Mapped[str] = mapped_column(String(255))
+    content_type: Mapped[str] = mapped_column(String(255))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    object_key: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16))
+    error: Mapped[str] = mapped_column(Text, default="")
+    chunk_count: Mapped[int] = mapped_column(Integer, default=0)
+    page_count: Mapped[int] = mapped_column(Integer, default=0)
+    request_id: Mapped[str | None] = mapped_column(String(128))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    enqueue_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    create_time: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    update_time: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    indexed_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    delete_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Chunk(Base):
+    """A piece of a document's extracted text with its provenance, vector and search terms."""
+
+    __tablename__ = "chunks"
+    __table_args__ = (
+        UniqueConstraint("document_id", "chunk_index"),
+        Index(
+            "ix_chunks_embedding_hnsw",
+            "embedding",
+            postgresql_using="hnsw",
+            postgresql_ops={"embedding": "vector_cosine_ops"},
+        ),
+        Index("ix_chunks_tsv", "tsv", postgresql_using="gin"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    document_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("documents.id", ondelete="CASCADE"), index=True
+    )
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    assistant_id: Mapped[uuid.UUID] = mapped_column(index=True)
+    chunk_index: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    start_offset: Mapped[int] = mapped_column(Integer)
+    end_offset: Mapped[int] = mapped_column(Integer)
+    start_line: Mapped[int] = mapped_column(Integer)
+    end_line: Mapped[int] = mapped_column(Integer)
+    page_start: Mapped[int | None] = mapped_column(Integer)
+    page_end: Mapped[int | None] = mapped_column(Integer)
+    heading_path: Mapped[list[str]] = mapped_column(ARRAY(Text), default=list)
+    embedding: Mapped[list[float]] = mapped_column(Vector(EMBEDDING_DIM))
+    tsv: Mapped[str] = mapped_column(
+        TSVECTOR, Computed("to_tsvector('english', text)", persisted=True)
+    )
+

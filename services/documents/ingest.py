@@ -1,0 +1,263 @@
+"""Ingestion of one document: claim it, parse, chunk, embed, and index its chunks in one go.
+
+The document's state machine lives in SQL. A worker claims a document by taking a lease on
+it, keeps the lease alive while it works, and writes the chunks and READY in one transaction
+that replaces any earlier chunks, so running it twice changes nothing. A lease that runs out
+(the worker was killed) lets the reconciler hand the document to another worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+
+from sqlalchemy import delete, or_, select, update
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.orm import Session
+
+from services.db.models import Chunk as ChunkRow
+from services.db.models import Document as DocumentRow
+from services.db.models import utcnow
+from services.db.session import Database
+from services.documents.chunking import Chunk, chunk
+from services.documents.domain import DocumentState
+from services.documents.parsing import DocumentParseError, ParseLimits, parse
+from services.retrieval.embeddings import Embedder, EmbeddingUnavailable
+from services.storage import ObjectMissing, Storage, StorageUnavailable
+
+log = logging.getLogger(__name__)
+
+# Failures that a later attempt may not meet: the task retries these with backoff.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    StorageUnavailable,
+    EmbeddingUnavailable,
+    OperationalError,
+    PoolTimeout,
+)
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    lease_seconds: float = 60.0
+    max_bytes: int = 100 * 1024 * 1024
+    chunk_chars: int = 1200
+    overlap_chars: int = 200
+
+
+class Outcome(StrEnum):
+    READY = "READY"
+    FAILED = "FAILED"
+    SKIPPED = "SKIPPED"
+
+
+def claim(s: Session, document_id: uuid.UUID, lease: timedelta) -> DocumentRow | None:
+    """Takes the lease on a document that waits or whose lease ran out; None if not ours to do."""
+    now = utcnow()
+    row = s.scalar(
+        select(DocumentRow)
+        .where(
+            DocumentRow.id == document_id,
+            DocumentRow.delete_time.is_(None),
+            DocumentRow.state.in_([DocumentState.PENDING.value, DocumentState.PROCESSING.value]),
+            or_(DocumentRow.lease_until.is_(None), DocumentRow.lease_until < now),
+        )
+        .with_for_update(skip_locked=True)
+    )
+    if row is None:
+        return None
+    row.state = DocumentState.PROCESSING.value
+    row.lease_until = now + lease
+    row.attempts += 1
+    row.update_time = now
+    return row
+
+
+def extend_lease(s: Session, document_id: uuid.UUID, lease: timedelta) -> None:
+    s.execute(
+        update(DocumentRow)
+        .where(DocumentRow.id == document_id, DocumentRow.state == DocumentState.PROCESSING.value)
+        .values(lease_until=utcnow() + lease)
+    )
+
+
+def release(db: Database, document_id: str) -> None:
+    """Gives the lease back so a retry can claim the document at once."""
+    db.transact(
+        lambda s: s.execute(
+            update(DocumentRow)
+            .where(
+                DocumentRow.id == uuid.UUID(document_id),
+                DocumentRow.state == DocumentState.PROCESSING.value,
+            )
+            .values(lease_until=None)
+        )
+    )
+
+
+def mark_failed(db: Database, document_id: str, message: str) -> None:
+    def write(s: Session) -> None:
+        now = utcnow()
+        s.execute(
+            update(DocumentRow)
+            .where(
+                DocumentRow.id == uuid.UUID(document_id),
+                DocumentRow.state.in_(
+                    [DocumentState.PENDING.value, DocumentState.PROCESSING.value]
+                ),
+            )
+            .values(
+                state=DocumentState.FAILED.value, error=message, lease_until=None, update_time=now
+            )
+        )
+
+    db.transact(write)
+
+
+@contextmanager
+def kept_alive(db: Database, document_id: uuid.UUID, lease: timedelta) -> Iterator[None]:
+    """Renews the lease in the background while the block runs."""
+    done = threading.Event()
+
+    def renew() -> None:
+        while not done.wait(lease.total_seconds() / 3):
+            try:
+                db.transact(lambda s: extend_lease(s, document_id, lease))
+            except Exception:  # a missed renewal only risks a harmless rerun
+                log.warning("could not renew the lease on document %s", document_id)
+
+    thread = threading.Thread(target=renew, name=f"lease-{document_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def embedding_input(piece: Chunk) -> str:
+    # Only the first chunk of a section contains its heading; the path gives the rest context.
+    if piece.heading_path:
+        return " > ".join(piece.heading_path) + "\n" + piece.text
+    return piece.text
+
+
+def write_chunks(
+    s: Session,
+    document_id: uuid.UUID,
+    sha256: str,
+    pieces: list[Chunk],
+    vectors: list[list[float]],
+    content_type: str,
+    page_count: int,
+) -> bool:
+    """Replaces the document's chunks and marks it READY; False if it changed meanwhile."""
+    row = s.scalar(select(DocumentRow).where(DocumentRow.id == document_id).with_for_update())
+    if row is None or row.delete_time is not None or row.sha256 != sha256:
+        return False
+    if row.state != DocumentState.PROCESSING.value:
+        return False
+    s.execute(delete(ChunkRow).where(ChunkRow.document_id == document_id))
+    s.add_all(
+        ChunkRow(
+            document_id=document_id,
+            tenant_id=row.tenant_id,
+            assistant_id=row.assistant_id,
+            chunk_index=p.index,
+            text=p.text,
+            start_offset=p.start_offset,
+            end_offset=p.end_offset,
+            start_line=p.start_line,
+            end_line=p.end_line,
+            page_start=p.page_start,
+            page_end=p.page_end,
+            heading_path=list(p.heading_path),
+            embedding=v,
+        )
+        for p, v in zip(pieces, vectors, strict=True)
+    )
+    now = utcnow()
+    row.state = DocumentState.READY.value
+    row.error = ""
+    row.chunk_count = len(pieces)
+    row.page_count = page_count
+    row.content_type = content_type
+    row.lease_until = None
+    row.indexed_time = now
+    row.update_time = now
+    return True
+
+
+def ingest_document(
+    db: Database,
+    storage: Storage,
+    embedder: Embedder,
+    document_id: str,
+    options: IngestOptions = IngestOptions(),
+    on_stage: Callable[[str], None] | None = None,
+) -> Outcome:
+    """Runs the whole ingestion of one document; transient errors propagate for a retry."""
+    doc_id = uuid.UUID(document_id)
+    lease = timedelta(seconds=options.lease_seconds)
+
+    def take(s: Session) -> tuple[str, str, str, str] | None:
+        row = claim(s, doc_id, lease)
+        return (
+            None
+            if row is None
+            else (row.object_key, row.sha256, row.content_type, row.display_name)
+        )
+
+    claimed = db.transact(take)
+    if claimed is None:
+        log.info("document %s is not waiting for ingestion; nothing to do", document_id)
+        return Outcome.SKIPPED
+    object_key, sha256, declared_type, name = claimed
+    with kept_alive(db, doc_id, lease):
+        if on_stage:
+            on_stage("download")
+        try:
+            data = storage.read(object_key, limit=options.max_bytes)
+        except ObjectMissing:
+            mark_failed(
+                db, document_id, "the uploaded file is missing from storage; upload it again"
+            )
+            return Outcome.FAILED
+        try:
+            extracted = parse(
+                data, declared_type, name, limits=ParseLimits(max_input_bytes=options.max_bytes)
+            )
+            pieces = chunk(
+                extracted, max_chars=options.chunk_chars, overlap_chars=options.overlap_chars
+            )
+        except DocumentParseError as err:
+            mark_failed(db, document_id, err.message)
+            return Outcome.FAILED
+        if not pieces:
+            mark_failed(db, document_id, "the document contains no text to index")
+            return Outcome.FAILED
+        if on_stage:
+            on_stage("embed")
+        vectors = embedder.embed_documents([embedding_input(p) for p in pieces])
+        written = db.transact(
+            lambda s: write_chunks(
+                s,
+                doc_id,
+                sha256,
+                pieces,
+                vectors,
+                extracted.kind.content_type,
+                extracted.page_count or 0,
+            )
+        )
+    if not written:
+        log.info("document %s changed or was deleted during ingestion; dropped", document_id)
+        return Outcome.SKIPPED
+    log.info("document %s is READY with %d chunks", document_id, len(pieces))
+    return Outcome.READY

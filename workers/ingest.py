@@ -1,0 +1,119 @@
+"""Tasks on the `ingest` queue: documents.ingest and documents.purge, plus the reconciler."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+from typing import Any
+
+from celery import Task
+from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import worker_ready, worker_shutdown
+
+from services.config import get_settings
+from services.documents import ingest as ingestion
+from services.documents.purge import purge_document
+from services.documents.reconcile import Grace, reconcile
+from workers.app import app
+from workers.resources import resources
+
+log = logging.getLogger(__name__)
+settings = get_settings()
+
+
+def failure_message(exc: BaseException, attempts: int) -> str:
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return "ingestion took longer than the time limit; try a smaller file"
+    if isinstance(exc, ingestion.TRANSIENT_ERRORS):
+        return (
+            f"a service ingestion depends on stayed unavailable for {attempts} attempts "
+            f"({exc}); the upload is kept, upload it again later"
+        )
+    return "ingestion failed with an internal error; the upload is kept (see the worker log)"
+
+
+class IngestTask(Task):
+    """Keeps the SQL state machine in step with Celery's retries and failures."""
+
+    def on_retry(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        log.warning("ingest of %s will retry: %s", args[0], exc)
+        ingestion.release(resources().db, args[0])
+
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        message = failure_message(exc, self.request.retries + 1)
+        ingestion.mark_failed(resources().db, args[0], message)
+
+
+@app.task(
+    name="documents.ingest",
+    base=IngestTask,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=ingestion.TRANSIENT_ERRORS,
+    max_retries=settings.ingest_max_retries,
+    retry_backoff=settings.ingest_retry_backoff_seconds,
+    retry_backoff_max=settings.ingest_retry_backoff_max_seconds,
+    retry_jitter=True,
+)
+def ingest(self: Task, document_id: str) -> str:
+    r = resources()
+    options = ingestion.IngestOptions(
+        lease_seconds=r.settings.ingest_lease_seconds,
+        max_bytes=r.settings.max_upload_bytes,
+        chunk_chars=r.settings.chunk_chars,
+        overlap_chars=r.settings.chunk_overlap_chars,
+    )
+    return ingestion.ingest_document(r.db, r.storage, r.embedder, document_id, options).value
+
+
+@app.task(
+    name="documents.purge",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=ingestion.TRANSIENT_ERRORS,
+    max_retries=10,
+    retry_backoff=True,
+    retry_jitter=True,
+)
+def purge(document_id: str) -> bool:
+    r = resources()
+    return purge_document(r.db, r.storage, document_id)
+
+
+def send_ingest(document_id: str) -> None:
+    ingest.apply_async(args=[document_id])
+
+
+def send_purge(document_id: str) -> None:
+    purge.apply_async(args=[document_id])
+
+
+_stop_reconciler = threading.Event()
+
+
+def run_reconciler() -> None:
+    grace = Grace(queued=timedelta(seconds=settings.reconcile_queued_grace_seconds))
+    while True:
+        try:
+            reconcile(resources().db, send_ingest, send_purge, grace=grace)
+        except Exception:  # the next pass tries again; a dead reconciler would lose documents
+            log.exception("reconcile pass failed")
+        if _stop_reconciler.wait(settings.reconcile_interval_seconds):
+            return
+
+
+@worker_ready.connect
+def start_reconciler(sender: Any = None, **_: Any) -> None:
+    """Every worker pool reconciles at start and then periodically; duplicates are harmless."""
+    threading.Thread(target=run_reconciler, name="reconciler", daemon=True).start()
+
+
+@worker_shutdown.connect
+def stop_reconciler(sender: Any = None, **_: Any) -> None:
+    _stop_reconciler.set()
