@@ -49,6 +49,9 @@ def settings_for(state_dir: Path | None) -> Settings:
 @app.command()
 def dev(
     grpc_port: Annotated[int, typer.Option(help="gRPC port; 0 picks a free one.")] = 0,
+    http_port: Annotated[
+        int, typer.Option(help="HTTP port for download links; 0 picks a free one.")
+    ] = 0,
     state_dir: StateDir = None,
 ) -> None:
     """Start the embedded stack, a worker and the gRPC server; stop all on Ctrl-C or SIGTERM.
@@ -59,7 +62,7 @@ def dev(
     from services.dev import run_dev
 
     settings = Settings()
-    settings = settings.model_copy(update={"grpc_port": grpc_port})
+    settings = settings.model_copy(update={"grpc_port": grpc_port, "http_port": http_port})
     configure_logging(settings)
     run_dev(settings, state_dir or settings.state_dir)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,10 +27,17 @@ from footnote.v1 import (
 )
 from services.assistants.servicer import AssistantsServicer
 from services.auth import Authenticator
+from services.chat.pipeline import ChatEngine
+from services.chat.servicer import ChatServicer
 from services.config import Settings
+from services.conversations.servicer import ConversationsServicer
 from services.db.session import Database, make_engine
 from services.documents.links import LinkSigner
 from services.documents.servicer import DocumentsServicer
+from services.http import create_http_app, start_http
+from services.llm.base import Generator
+from services.llm.factory import create_generator
+from services.retrieval.embeddings import Embedder, create_embedder
 from services.rpc import FootnoteInterceptor
 from services.storage import Storage
 from workers.app import create_app
@@ -55,6 +63,9 @@ class Deps:
     storage: Storage
     celery: Celery
     links: LinkSigner
+    embedder: Embedder
+    generator: Generator
+    public_base_url: str
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Deps:
@@ -80,6 +91,16 @@ class Deps:
             ),
             celery=celery,
             links=LinkSigner(celery, settings.link_timeout_seconds),
+            # The local model loads on first use, so a server that never chats never pays.
+            embedder=create_embedder(
+                base_url=settings.embeddings_base_url,
+                model=settings.embeddings_model,
+                api_key=settings.embeddings_api_key,
+                dim=settings.embeddings_dim,
+            ),
+            generator=create_generator(settings),
+            public_base_url=settings.public_base_url
+            or f"http://{settings.grpc_host}:{settings.http_port}",
         )
 
     def send(self, task: str) -> Callable[[str], None]:
@@ -114,12 +135,10 @@ def create_server(settings: Settings, deps: Deps) -> tuple[grpc.aio.Server, int]
         ),
         server,
     )
-    # Chat and conversations answer UNIMPLEMENTED until their services are built.
-    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
-        chat_service_pb2_grpc.ChatServiceServicer(), server
-    )
+    engine = ChatEngine(deps.db, deps.embedder, deps.generator, deps.links, deps.public_base_url)
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(ChatServicer(engine), server)
     conversations_service_pb2_grpc.add_ConversationsServiceServicer_to_server(
-        conversations_service_pb2_grpc.ConversationsServiceServicer(), server
+        ConversationsServicer(deps.db, deps.links, deps.public_base_url), server
     )
     health_pb2_grpc.add_HealthServicer_to_server(deps.health, server)
     reflection.enable_server_reflection(
@@ -145,12 +164,21 @@ async def serve(
     settings: Settings, stop: asyncio.Event, ready: asyncio.Future[int] | None = None
 ) -> None:
     """Serves until stop is set, then drains in-flight calls; ready receives the bound port."""
+    if settings.http_port == 0:
+        # Links name the HTTP port, so it must be known before anything is served.
+        settings = settings.model_copy(update={"http_port": free_port(settings.grpc_host)})
     deps = Deps.from_settings(settings)
     await asyncio.to_thread(deps.storage.ensure_bucket)
     server, port = create_server(settings, deps)
     await server.start()
+    http_runner, http_port = await start_http(
+        create_http_app(deps),
+        settings.grpc_host,
+        settings.http_port,
+        shutdown_timeout=settings.shutdown_grace_seconds,
+    )
     await mark_serving(deps.health)
-    log.info("serving gRPC on %s:%d", settings.grpc_host, port)
+    log.info("serving gRPC on %s:%d, HTTP on %d", settings.grpc_host, port, http_port)
     if ready is not None:
         ready.set_result(port)
     try:
@@ -159,7 +187,14 @@ async def serve(
         # Health flips to NOT_SERVING first so balancers stop sending new calls.
         await deps.health.enter_graceful_shutdown()
         await server.stop(settings.shutdown_grace_seconds)
+        await http_runner.cleanup()
         deps.close()
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 from pgvector.sqlalchemy import Vector
 from sqlalchemy import (
@@ -21,7 +22,7 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, TSVECTOR
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # The local embedding model's dimension; a server model must be configured to match it,
@@ -161,3 +162,46 @@ class Chunk(Base):
         TSVECTOR, Computed("to_tsvector('english', text)", persisted=True)
     )
 
+
+class Conversation(Base):
+    """A stored exchange with one assistant."""
+
+    __tablename__ = "conversations"
+    __table_args__ = (
+        Index("ix_conversations_tenant_id_update_time_id", "tenant_id", "update_time", "id"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    assistant_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("assistants.id", ondelete="CASCADE"), index=True
+    )
+    title: Mapped[str] = mapped_column(String(200))
+    message_count: Mapped[int] = mapped_column(Integer, default=0)
+    create_time: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    update_time: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Message(Base):
+    """One turn; an assistant turn keeps the answer's citations and metadata as JSON snapshots."""
+
+    __tablename__ = "messages"
+    __table_args__ = (
+        UniqueConstraint("conversation_id", "seq"),
+        UniqueConstraint("tenant_id", "request_id"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    conversation_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), index=True
+    )
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    seq: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str] = mapped_column(Text)
+    request_id: Mapped[str | None] = mapped_column(String(128))
+    citations: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    # For an assistant turn: completion id, finish reason, usage and retrieval, so a retried
+    # request_id replays the same response.
+    response: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    create_time: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -128,11 +128,3 @@ async def test_another_tenants_assistant_is_not_found(channel, make_key):
     assert theirs.id not in {a.id for a in listed.assistants}
     still = await stub.GetAssistant(apb.GetAssistantRequest(id=theirs.id), metadata=bearer(owner))
     assert still == theirs
-
-
-async def test_services_of_later_releases_answer_unimplemented(channel, api_key):
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await cpb_grpc.ChatServiceStub(channel).Complete(
-            cpb.CompleteRequest(), metadata=bearer(api_key)
-        )
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -1,0 +1,1 @@
+"""Chat: retrieval, generation and citations for one answer, and its storage."""

@@ -1,0 +1,56 @@
+"""Proto <-> domain conversion for citations, shared by chat and conversation history."""
+
+from __future__ import annotations
+
+from footnote.v1 import citations_pb2 as cpb
+from services.citations import HEADING_SEPARATOR, Citations, CitationSource
+from services.rpc import to_timestamp
+
+
+def source_to_proto(source: CitationSource) -> cpb.CitationSource:
+    loc = source.location
+    path = [part for part in loc.heading.split(HEADING_SEPARATOR) if part] if loc.heading else []
+    return cpb.CitationSource(
+        index=source.index,
+        document_id=source.document_id,
+        document_name=source.document_name,
+        content_type=source.content_type,
+        score=source.score,
+        excerpt=source.excerpt,
+        chunk_id=source.chunk_id,
+        chunk_index=source.chunk_index,
+        location=cpb.SourceLocation(
+            start_offset=loc.start_offset,
+            end_offset=loc.end_offset,
+            start_line=loc.start_line,
+            end_line=loc.end_line,
+            page_start=loc.page_start,
+            page_end=loc.page_end,
+            heading=path[-1] if path else "",
+            heading_path=path,
+        ),
+        download_url=source.download_url,
+        download_url_expire_time=to_timestamp(source.download_url_expire_time),
+        document_sha256=source.document_sha256,
+        indexed_time=to_timestamp(source.indexed_time),
+        stale=source.stale,
+        formatted=source.formatted,
+    )
+
+
+def citations_to_proto(citations: Citations) -> cpb.Citations:
+    return cpb.Citations(
+        sources=[source_to_proto(s) for s in citations.sources],
+        referenced_indices=list(citations.referenced_indices),
+        invalid_indices=list(citations.invalid_indices),
+        spans=[
+            cpb.CitationSpan(
+                start=span.start,
+                end=span.end,
+                source_indices=list(span.source_indices),
+                cited_text=span.cited_text,
+                support_score=span.support_score,
+            )
+            for span in citations.spans
+        ],
+    )

@@ -1,0 +1,1 @@
+"""Stored conversations and their messages, served with fresh links and stale flags."""

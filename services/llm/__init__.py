@@ -1,0 +1,1 @@
+"""Generators: the extractive default and OpenAI-compatible chat-completions servers."""
