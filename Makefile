@@ -46,10 +46,10 @@ test-llm: setup
 	$(BIN)/pytest -m llm $(PYTEST_ARGS)
 
 run: setup
-	$(BIN)/footnote demo $(if $(LLM),--llm $(LLM),)
+	$(BIN)/footnote demo
 
 dev: setup
-	$(BIN)/footnote dev $(if $(LLM),--llm $(LLM),)
+	$(BIN)/footnote dev
 
 bench: setup
 	$(PY) bench/citations.py

@@ -229,5 +229,79 @@ def upload(
         raise typer.Exit(1)
 
 
+STYLES = {"inline": 1, "footnote": 2, "markdown": 3}
+
+
+@app.command()
+def ask(
+    question: Annotated[str, typer.Argument(help="The question.")],
+    assistant: Annotated[str, typer.Option("--assistant", help="The assistant's id.")],
+    conversation: Annotated[
+        str, typer.Option("--conversation", help="Continue this conversation.")
+    ] = "",
+    style: Annotated[str, typer.Option(help="Citation style: inline, footnote, markdown.")] = (
+        "inline"
+    ),
+    target: TargetOpt = None,
+    api_key: ApiKeyOpt = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Stream an answer as it comes, then list the sources it cited with locations and links."""
+    import grpc
+
+    from footnote.v1 import chat_service_pb2 as cpb
+    from footnote.v1 import chat_service_pb2_grpc as cpb_grpc
+    from services.client import (
+        cited_sources_lines,
+        open_channel,
+        resolve_connection,
+        stream_answer,
+    )
+
+    if style not in STYLES:
+        raise typer.BadParameter(f"choose one of {', '.join(STYLES)}", param_hint="--style")
+    try:
+        conn = resolve_connection(target, api_key, state_dir)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    request = cpb.CompleteRequest(
+        assistant_id=assistant,
+        conversation_id=conversation,
+        messages=[cpb.ChatMessage(role=cpb.ROLE_USER, content=question)],
+        options=cpb.CompletionOptions(citation_style=STYLES[style]),
+    )
+    with open_channel(conn) as channel:
+        try:
+            response = stream_answer(
+                cpb_grpc.ChatServiceStub(channel),
+                conn,
+                request,
+                lambda text: print(text, end="", flush=True),
+            )
+        except grpc.RpcError as err:
+            typer.echo(f"\nfootnote: {err.code().name}: {err.details()}", err=True)
+            raise typer.Exit(1) from None
+    print()
+    lines = cited_sources_lines(response)
+    if lines:
+        print("\nSources:")
+        for line in lines:
+            print(line)
+    print(f"\nconversation {response.conversation_id}")
+
+
+@app.command()
+def demo(
+    state_dir: StateDir = None,
+    question: Annotated[str, typer.Option(help="The question to ask.")] = (
+        "How much is the per diem on the day of departure, and who approves a 1,500 EUR claim?"
+    ),
+) -> None:
+    """Start the stack, ingest examples/, stream an answer with citations and links, stop."""
+    from services.demo import run_demo
+
+    run_demo(state_dir, question)
+
+
 if __name__ == "__main__":
     app()

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import grpc
 
+from footnote.v1 import chat_service_pb2 as chat_pb2
+from footnote.v1 import chat_service_pb2_grpc as chat_pb2_grpc
+from footnote.v1 import citations_pb2
 from footnote.v1 import documents_service_pb2 as dpb
 from footnote.v1 import documents_service_pb2_grpc as dpb_grpc
 
@@ -70,3 +73,55 @@ def wait_final(stub: dpb_grpc.DocumentsServiceStub, conn: Connection, doc_id: st
 
 def open_channel(conn: Connection) -> grpc.Channel:
     return grpc.insecure_channel(conn.target)
+
+
+def describe_location(source: citations_pb2.CitationSource) -> str:
+    loc = source.location
+    parts = []
+    if loc.page_start:
+        pages = (
+            loc.page_start
+            if loc.page_end in (0, loc.page_start)
+            else f"{loc.page_start}-{loc.page_end}"
+        )
+        parts.append(f"p. {pages}")
+    if loc.start_line:
+        parts.append(f"lines {loc.start_line}-{loc.end_line}")
+    if loc.heading_path:
+        parts.append("§" + " > ".join(loc.heading_path))
+    return ", ".join(parts)
+
+
+def stream_answer(
+    stub: chat_pb2_grpc.ChatServiceStub,
+    conn: Connection,
+    request: chat_pb2.CompleteRequest,
+    write: Callable[[str], None],
+) -> chat_pb2.CompleteResponse:
+    """Writes the answer as it streams in and returns the final message."""
+    for event in stub.StreamComplete(request, metadata=conn.metadata):
+        kind = event.WhichOneof("event")
+        if kind == "delta":
+            write(event.delta.content)
+        elif kind == "complete":
+            return event.complete
+    raise RuntimeError("the stream ended without a complete message")
+
+
+def cited_sources_lines(response: chat_pb2.CompleteResponse) -> list[str]:
+    """One line per cited source: number, document, location, link."""
+    if not response.HasField("citations"):
+        return []
+    cited = set(response.citations.referenced_indices)
+    lines = []
+    for source in response.citations.sources:
+        if source.index not in cited:
+            continue
+        line = f"[{source.index}] {source.document_name}"
+        where = describe_location(source)
+        if where:
+            line += f" ({where})"
+        if source.download_url:
+            line += f"\n    {source.download_url}"
+        lines.append(line)
+    return lines

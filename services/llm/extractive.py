@@ -32,7 +32,9 @@ RELATIVE_FLOOR = 0.5
 MAX_SENTENCE_CHARS = 400
 
 WORD = re.compile(r"[^\W_]+", re.UNICODE)
-SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
+# A sentence ends at . ! ? before a capital or digit, or where a paragraph ends; a single
+# newline is only the source's line wrapping.
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n")
 # Numbered markers inside a document would read as citations of ours.
 MARKER_LIKE = re.compile(r"[\[【]\s*[0-9０-９][0-9０-９\s,，、\-–—]*[\]】]")
 # A plain word list reads better than a 70-line literal.
@@ -80,6 +82,8 @@ def sentences_of(text: str) -> list[str]:
         if in_fence or stripped.startswith("#") or set(stripped) <= set("-=|:* "):
             lines.append("")
             continue
+        if stripped.startswith(("-", "*", ">", "•")):
+            lines.append("")  # a list item stands alone
         lines.append(stripped.lstrip("-*>• ").strip())
     for piece in SENTENCE_END.split("\n".join(lines)):
         sentence = " ".join(MARKER_LIKE.sub("", piece).split())

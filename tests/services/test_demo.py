@@ -1,0 +1,35 @@
+"""`footnote demo`, which `make run` runs: the whole path, then nothing left running."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import psutil
+
+
+def test_demo_streams_a_cited_answer_and_stops_everything(tmp_path):
+    before = {p.pid for p in psutil.process_iter()}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "demo", "--state-dir", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert out.count(": READY,") == 3, out
+    answer = out.split("A: ", 1)[1].split("\n\nSources:", 1)[0]
+    assert "25 EUR" in answer and "1,000 EUR" in answer
+    cited = re.findall(r"^\[(\d+)\] (\S+) \((.*)\)$", out, re.MULTILINE)
+    assert {name for _, name, _ in cited} == {"travel-policy.md", "expenses.html"}
+    assert all("lines" in where for _, _, where in cited)
+    assert all(f"[{n}]" in answer for n, _, _ in cited)
+    assert out.count("X-Amz-Signature=") == len(cited)  # a PUBLIC link per cited source
+    leftovers = [
+        p
+        for p in psutil.process_iter(["name"])
+        if p.pid not in before and p.info["name"] in ("postgres", "redis-server", "weed")
+    ]
+    assert leftovers == []
