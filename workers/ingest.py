@@ -10,6 +10,7 @@ from typing import Any
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_ready, worker_shutdown
+from celery.utils.time import get_exponential_backoff_interval
 
 from services.config import get_settings
 from services.documents import ingest as ingestion
@@ -34,13 +35,7 @@ def failure_message(exc: BaseException, attempts: int) -> str:
 
 
 class IngestTask(Task):
-    """Keeps the SQL state machine in step with Celery's retries and failures."""
-
-    def on_retry(
-        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
-    ) -> None:
-        log.warning("ingest of %s will retry: %s", args[0], exc)
-        ingestion.release(resources().db, args[0])
+    """Marks the document FAILED in SQL when the task gives up for good."""
 
     def on_failure(
         self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
@@ -49,17 +44,15 @@ class IngestTask(Task):
         ingestion.mark_failed(resources().db, args[0], message)
 
 
+# Retries are explicit rather than autoretry_for: the lease must be handed to the retry
+# before it is published, or a fast retry finds the lease still held and is dropped.
 @app.task(
     name="documents.ingest",
     base=IngestTask,
     bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
-    autoretry_for=ingestion.TRANSIENT_ERRORS,
     max_retries=settings.ingest_max_retries,
-    retry_backoff=settings.ingest_retry_backoff_seconds,
-    retry_backoff_max=settings.ingest_retry_backoff_max_seconds,
-    retry_jitter=True,
 )
 def ingest(self: Task, document_id: str) -> str:
     r = resources()
@@ -69,7 +62,20 @@ def ingest(self: Task, document_id: str) -> str:
         chunk_chars=r.settings.chunk_chars,
         overlap_chars=r.settings.chunk_overlap_chars,
     )
-    return ingestion.ingest_document(r.db, r.storage, r.embedder, document_id, options).value
+    try:
+        return ingestion.ingest_document(r.db, r.storage, r.embedder, document_id, options).value
+    except ingestion.TRANSIENT_ERRORS as exc:
+        if self.request.retries >= self.max_retries:
+            raise  # on_failure marks the document FAILED
+        countdown = get_exponential_backoff_interval(
+            factor=r.settings.ingest_retry_backoff_seconds,
+            retries=self.request.retries,
+            maximum=r.settings.ingest_retry_backoff_max_seconds,
+            full_jitter=True,
+        )
+        log.warning("ingest of %s will retry in %ss: %s", document_id, countdown, exc)
+        ingestion.release(r.db, document_id, retry_in=countdown)
+        raise self.retry(exc=exc, countdown=countdown) from exc
 
 
 @app.task(

@@ -87,8 +87,11 @@ def extend_lease(s: Session, document_id: uuid.UUID, lease: timedelta) -> None:
     )
 
 
-def release(db: Database, document_id: str) -> None:
-    """Gives the lease back so a retry can claim the document at once."""
+def release(db: Database, document_id: str, retry_in: float) -> None:
+    """Shortens the lease to when the retry is due, so the retry (and only it) can claim then.
+
+    If the retry message is lost, the lease simply runs out and the reconciler re-sends it.
+    """
     db.transact(
         lambda s: s.execute(
             update(DocumentRow)
@@ -96,7 +99,7 @@ def release(db: Database, document_id: str) -> None:
                 DocumentRow.id == uuid.UUID(document_id),
                 DocumentRow.state == DocumentState.PROCESSING.value,
             )
-            .values(lease_until=None)
+            .values(lease_until=utcnow() + timedelta(seconds=retry_in), enqueue_time=utcnow())
         )
     )
 

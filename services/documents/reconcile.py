@@ -51,7 +51,7 @@ def find_due(s: Session, grace: Grace, limit: int = 500) -> Due:
     # A lease that ran out means the worker died: nobody else will finish this one.
     abandoned = and_(
         DocumentRow.state == DocumentState.PROCESSING.value,
-        DocumentRow.lease_until < now,
+        or_(DocumentRow.lease_until.is_(None), DocumentRow.lease_until < now),
         sent_before(now - grace.abandoned),
     )
     unpurged = and_(DocumentRow.delete_time.is_not(None), sent_before(now - grace.queued))

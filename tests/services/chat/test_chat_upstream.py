@@ -1,0 +1,232 @@
+"""ChatService over an OpenAI-compatible upstream that sends crafted answers.
+
+A real HTTP server streams scripted SSE chunks, so marker handling is checked black-box:
+through the generator, the marker buffer, the gRPC stream and the final Citations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from aiohttp import web
+
+from footnote.v1 import assistants_service_pb2 as apb
+from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
+from footnote.v1 import chat_service_pb2 as pb
+from footnote.v1 import chat_service_pb2_grpc as pb_grpc
+from footnote.v1 import documents_service_pb2_grpc as dpb_grpc
+from services.server import Deps, create_server, mark_serving
+from tests.support import bearer, error_info, ingest
+
+pytestmark = pytest.mark.usefixtures("worker")
+
+DOCS = {
+    "paris.md": b"# Paris\n\nParis is the capital of France and sits on the Seine.\n",
+    "tokyo.md": b"# Tokyo\n\nTokyo is the capital of Japan and its largest city.\n",
+    "berlin.md": b"# Berlin\n\nBerlin is the capital of Germany and sits on the Spree.\n",
+}
+# Each question's scripted answer, as the SSE content pieces the upstream sends.
+SCRIPTS: dict[str, list[str]] = {
+    "valid and invalid": ["Paris is in France [1][99]. ", "Tokyo is in Japan [2]."],
+    "list": ["All three are capitals [1, 2]."],
+    "range": ["Two of them have rivers [2-3]."],
+    "split": ["Paris is on the Seine [", "1", "]. Tokyo is big", " [", "2]", "."],
+    "fenced": ["Look:\n```\nx = capitals[1]\n```\nBerlin is on the Spree [3]."],
+    "code span": ["Use `a[2]` to index; Berlin is German [3]."],
+}
+
+
+class Upstream:
+    """A scripted OpenAI-compatible chat-completions server."""
+
+    def __init__(self) -> None:
+        self.open_streams = 0
+        self.disconnected = asyncio.Event()
+        self.fail_status = 0
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if self.fail_status:
+            return web.json_response({"error": {"message": "boom"}}, status=self.fail_status)
+        question = body["messages"][-1]["content"]
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        self.open_streams += 1
+        try:
+            if question == "forever":
+                while True:  # until the client goes away
+                    await response.write(
+                        sse({"choices": [{"index": 0, "delta": {"content": "la "}}]})
+                    )
+                    await asyncio.sleep(0.05)
+            for piece in SCRIPTS[question]:
+                await response.write(sse({"choices": [{"index": 0, "delta": {"content": piece}}]}))
+            await response.write(
+                sse(
+                    {
+                        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 50, "completion_tokens": 9},
+                    }
+                )
+            )
+            await response.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.disconnected.set()
+            raise
+        finally:
+            self.open_streams -= 1
+        return response
+
+
+def sse(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+@pytest.fixture(scope="module")
+async def upstream() -> AsyncIterator[tuple[Upstream, str]]:
+    fake = Upstream()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", fake.completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    yield fake, f"http://127.0.0.1:{port}/v1"
+    await runner.cleanup()
+
+
+@pytest.fixture(scope="module")
+async def llm_target(settings, upstream) -> AsyncIterator[str]:
+    _, base_url = upstream
+    configured = settings.model_copy(update={"llm_base_url": base_url, "llm_model": "scripted"})
+    deps = Deps.from_settings(configured)
+    server, port = create_server(configured, deps)
+    await server.start()
+    await mark_serving(deps.health)
+    yield f"127.0.0.1:{port}"
+    await server.stop(1.0)
+    deps.close()
+
+
+@pytest.fixture
+async def chat(llm_target) -> AsyncIterator[pb_grpc.ChatServiceStub]:
+    async with grpc.aio.insecure_channel(llm_target) as channel:
+        yield pb_grpc.ChatServiceStub(channel)
+
+
+@pytest.fixture
+async def capitals(channel, api_key) -> str:
+    made = await apb_grpc.AssistantsServiceStub(channel).CreateAssistant(
+        apb.CreateAssistantRequest(
+            assistant=apb.Assistant(
+                display_name="capitals",
+                settings=apb.AssistantSettings(enable_retrieval_gate=False),
+            )
+        ),
+        metadata=bearer(api_key),
+    )
+    docs = dpb_grpc.DocumentsServiceStub(channel)
+    for name, data in DOCS.items():
+        await ingest(docs, api_key, made.id, name, data)
+    return made.id
+
+
+async def run(chat, key, assistant, question, **options):
+    request = pb.CompleteRequest(
+        assistant_id=assistant,
+        messages=[pb.ChatMessage(role=pb.ROLE_USER, content=question)],
+        options=pb.CompletionOptions(**options),
+    )
+    events = [e async for e in chat.StreamComplete(request, metadata=bearer(key))]
+    assert [e.WhichOneof("event") for e in events].count("complete") == 1
+    assert events[-1].WhichOneof("event") == "complete"
+    complete = events[-1].complete
+    joined = "".join(e.delta.content for e in events if e.WhichOneof("event") == "delta")
+    assert joined == complete.message.content
+    unary = await chat.Complete(request, metadata=bearer(key))
+    assert unary.message.content == complete.message.content
+    assert unary.citations.referenced_indices == complete.citations.referenced_indices
+    return complete
+
+
+@pytest.mark.parametrize(
+    ("question", "referenced", "invalid", "spans"),
+    [
+        (
+            "valid and invalid",
+            [1, 2],
+            [99],
+            [("Paris is in France [1][99].", [1]), ("Tokyo is in Japan [2].", [2])],
+        ),
+        ("list", [1, 2], [], [("All three are capitals [1, 2].", [1, 2])]),
+        ("range", [2, 3], [], [("Two of them have rivers [2-3].", [2, 3])]),
+        ("split", [1, 2], [], [("Paris is on the Seine [1].", [1]), ("Tokyo is big [2].", [2])]),
+        ("fenced", [3], [], [("Berlin is on the Spree [3].", [3])]),
+        ("code span", [3], [], [("Use `a[2]` to index; Berlin is German [3].", [3])]),
+    ],
+)
+async def test_crafted_answers_give_exact_citations(
+    chat, api_key, capitals, question, referenced, invalid, spans
+):
+    complete = await run(chat, api_key, capitals, question)
+    text = "".join(SCRIPTS[question])
+    assert complete.message.content == text
+    c = complete.citations
+    assert len(c.sources) == 3
+    assert list(c.referenced_indices) == referenced
+    assert list(c.invalid_indices) == invalid
+    got = [(text[s.start : s.end], list(s.source_indices)) for s in c.spans]
+    assert got == spans
+    assert complete.usage.prompt_tokens == 50 and complete.usage.completion_tokens == 9
+
+
+async def test_invalid_markers_can_be_stripped(chat, api_key, capitals):
+    complete = await run(chat, api_key, capitals, "valid and invalid", strip_invalid_markers=True)
+    assert complete.message.content == "Paris is in France [1]. Tokyo is in Japan [2]."
+    assert list(complete.citations.invalid_indices) == [99]
+    assert list(complete.citations.referenced_indices) == [1, 2]
+
+
+async def test_upstream_error_is_unavailable_not_an_answer(chat, api_key, capitals, upstream):
+    fake, _ = upstream
+    fake.fail_status = 500
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await chat.Complete(
+                pb.CompleteRequest(
+                    assistant_id=capitals,
+                    messages=[pb.ChatMessage(role=pb.ROLE_USER, content="list")],
+                ),
+                metadata=bearer(api_key),
+            )
+    finally:
+        fake.fail_status = 0
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    info = error_info(err.value)
+    assert info.reason.startswith("LLM_") and "boom" not in err.value.details()
+
+
+async def test_cancelled_stream_closes_the_upstream_request(chat, api_key, capitals, upstream):
+    fake, _ = upstream
+    fake.disconnected.clear()
+    call = chat.StreamComplete(
+        pb.CompleteRequest(
+            assistant_id=capitals,
+            messages=[pb.ChatMessage(role=pb.ROLE_USER, content="forever")],
+        ),
+        metadata=bearer(api_key),
+    )
+    async for event in call:
+        if event.WhichOneof("event") == "delta":
+            break
+    assert fake.open_streams == 1
+    call.cancel()
+    await asyncio.wait_for(fake.disconnected.wait(), timeout=1.0)
+    async with asyncio.timeout(1.0):
+        while fake.open_streams:
+            await asyncio.sleep(0.01)
