@@ -36,8 +36,8 @@ lint: setup
 	@if git rev-parse --verify -q main >/dev/null && git cat-file -e main:proto/buf.yaml 2>/dev/null; then \
 		cd proto && ../$(BIN)/buf breaking --against '../.git#branch=main,subdir=proto'; \
 	fi
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check services workers tests bench
+	$(BIN)/ruff format --check services workers tests bench
 
 test: setup
 	$(BIN)/pytest $(PYTEST_ARGS)
