@@ -87,8 +87,14 @@ def worker(
     ] = "ingest,links",
     concurrency: Annotated[int, typer.Option(help="Worker processes.")] = 2,
 ) -> None:
-    """Run a Celery worker for the given queues."""
+    """Run a Celery worker for the given queues; it migrates the schema first."""
+    from services.db import migrate as migrations
     from workers.app import app as celery_app
+
+    settings = Settings()
+    if settings.database_url:
+        # Safe beside a server doing the same: migrations take an advisory lock.
+        migrations.upgrade(settings.database_url)
 
     celery_app.worker_main(
         [
