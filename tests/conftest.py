@@ -176,3 +176,19 @@ def tenant() -> str:
 @pytest.fixture
 def api_key(make_key: Callable[[str], str], tenant: str) -> str:
     return make_key(tenant)
+
+
+@pytest.fixture
+def private_broker(settings) -> Iterator[str]:
+    """A Redis of this test's own; everything else is the session's stack."""
+    state = Path(tempfile.mkdtemp(prefix="fnb", dir="/tmp"))
+    stack = EmbeddedStack(
+        state,
+        database_url=settings.database_url,
+        s3_endpoint=settings.s3_endpoint,
+        s3_access_key=settings.s3_access_key,
+        s3_secret_key=settings.s3_secret_key,
+        s3_bucket=settings.s3_bucket,
+    )
+    with stack:
+        yield stack.endpoints.broker_url

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import signal
 import socket
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from celery import Celery
@@ -21,26 +18,9 @@ from sqlalchemy import func, select
 
 from services.db.models import Chunk
 from services.db.models import Document as DocumentRow
-from services.stack import EmbeddedStack
 from services.storage import Storage
 from tests.conftest import kill_group, start_worker, wait_worker_ready, worker_env
 from tests.support import stored_document
-
-
-@pytest.fixture
-def private_broker(settings) -> Iterator[str]:
-    """A Redis of this test's own; everything else is the session's stack."""
-    state = Path(tempfile.mkdtemp(prefix="fnb", dir="/tmp"))
-    stack = EmbeddedStack(
-        state,
-        database_url=settings.database_url,
-        s3_endpoint=settings.s3_endpoint,
-        s3_access_key=settings.s3_access_key,
-        s3_secret_key=settings.s3_secret_key,
-        s3_bucket=settings.s3_bucket,
-    )
-    with stack:
-        yield stack.endpoints.broker_url
 
 
 @pytest.fixture

@@ -152,6 +152,10 @@ async def test_citations_off_and_rag_off_leave_citations_unset(chat, channel, ap
     reply = await chat.Complete(ask(no_rag), metadata=bearer(api_key))
     assert not reply.HasField("citations")
     assert reply.retrieval.skip_reason == pb.RETRIEVAL_SKIP_REASON_RAG_DISABLED
+    stored = await hpb_grpc.ConversationsServiceStub(channel).ListMessages(
+        hpb.ListMessagesRequest(conversation_id=reply.conversation_id), metadata=bearer(api_key)
+    )
+    assert [m.HasField("citations") for m in stored.messages] == [False, False]
 
 
 async def test_greeting_skips_retrieval(chat, api_key, corpus):
