@@ -17,6 +17,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from footnote.v1 import assistants_service_pb2 as apb
+from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
+from footnote.v1 import documents_service_pb2_grpc as dpb_grpc
 from services import auth
 from services.config import Settings
 from services.db import migrate
@@ -24,6 +27,7 @@ from services.db.session import Database, make_engine
 from services.dev import settings_with_endpoints
 from services.server import Deps, create_server, mark_serving
 from services.stack import EmbeddedStack
+from services.storage import Storage
 
 
 @pytest.fixture(scope="session")
@@ -141,15 +145,24 @@ def db(settings: Settings) -> Iterator[Database]:
     database.dispose()
 
 
-@pytest.fixture(scope="session")
-async def grpc_target(settings: Settings) -> AsyncIterator[str]:
+@contextlib.asynccontextmanager
+async def running_server(settings: Settings) -> AsyncIterator[str]:
+    """A real aio server on a free port, as create_server builds it; yields its target."""
     deps = Deps.from_settings(settings)
     server, port = create_server(settings, deps)
     await server.start()
     await mark_serving(deps.health)
-    yield f"127.0.0.1:{port}"
-    await server.stop(1.0)
-    deps.close()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(1.0)
+        deps.close()
+
+
+@pytest.fixture(scope="session")
+async def grpc_target(settings: Settings) -> AsyncIterator[str]:
+    async with running_server(settings) as target:
+        yield target
 
 
 @pytest.fixture
@@ -192,3 +205,28 @@ def private_broker(settings) -> Iterator[str]:
     )
     with stack:
         yield stack.endpoints.broker_url
+
+
+@pytest.fixture
+def storage(settings: Settings) -> Storage:
+    return Storage(
+        settings.s3_endpoint or "",
+        settings.s3_access_key or "",
+        settings.s3_secret_key or "",
+        settings.s3_bucket,
+    )
+
+
+@pytest.fixture
+def docs(channel: grpc.aio.Channel) -> dpb_grpc.DocumentsServiceStub:
+    return dpb_grpc.DocumentsServiceStub(channel)
+
+
+@pytest.fixture
+async def assistant_id(channel: grpc.aio.Channel, api_key: str) -> str:
+    """A fresh assistant with default settings, owned by api_key's tenant."""
+    created = await apb_grpc.AssistantsServiceStub(channel).CreateAssistant(
+        apb.CreateAssistantRequest(assistant=apb.Assistant(display_name="test")),
+        metadata=(("authorization", f"Bearer {api_key}"),),
+    )
+    return created.id

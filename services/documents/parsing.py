@@ -139,6 +139,17 @@ _PARAGRAPH_BREAKER = re.compile(
 )
 
 
+def check_size(data: bytes, limits: ParseLimits) -> None:
+    """Refuses an empty file and one over the input limit, before any parsing."""
+    if not data:
+        raise EmptyDocument("the file is empty")
+    if len(data) > limits.max_input_bytes:
+        raise DocumentTooLarge(
+            f"the file is {len(data) / 2**20:,.1f} MiB, more than the limit of "
+            f"{limits.max_input_bytes / 2**20:,.0f} MiB"
+        )
+
+
 def sniff(
     data: bytes,
     declared_content_type: str | None = None,
@@ -150,13 +161,7 @@ def sniff(
 
     Raises EmptyDocument, DocumentTooLarge, CorruptDocument or UnsupportedDocument.
     """
-    if not data:
-        raise EmptyDocument("the file is empty")
-    if len(data) > limits.max_input_bytes:
-        raise DocumentTooLarge(
-            f"the file is {len(data) / 2**20:,.1f} MiB, more than the limit of "
-            f"{limits.max_input_bytes / 2**20:,.0f} MiB"
-        )
+    check_size(data, limits)
     media_type = _media_type(declared_content_type)
     suffix = PurePosixPath(filename or "").suffix.lower()
     declared = _DECLARABLE.get(media_type) or _DECLARABLE.get(suffix)
@@ -204,13 +209,7 @@ def extract(
 
     Raises only DocumentParseError subclasses, whatever the bytes.
     """
-    if not data:
-        raise EmptyDocument("the file is empty")
-    if len(data) > limits.max_input_bytes:
-        raise DocumentTooLarge(
-            f"the file is {len(data) / 2**20:,.1f} MiB, more than the limit of "
-            f"{limits.max_input_bytes / 2**20:,.0f} MiB"
-        )
+    check_size(data, limits)
     budget = Budget(limits)
     encoding: str | None = None
     pages: tuple[PageSpan, ...] = ()

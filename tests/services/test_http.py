@@ -13,10 +13,7 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
-from footnote.v1 import assistants_service_pb2 as apb
-from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
 from footnote.v1 import documents_service_pb2 as pb
-from footnote.v1 import documents_service_pb2_grpc as pb_grpc
 from services.config import Settings
 from services.http import content_disposition, create_http_app, media_type, start_http
 from services.server import Deps
@@ -69,31 +66,6 @@ async def base_url(settings: Settings) -> AsyncIterator[str]:
 async def http(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
         yield client
-
-
-@pytest.fixture
-def docs(channel) -> pb_grpc.DocumentsServiceStub:
-    return pb_grpc.DocumentsServiceStub(channel)
-
-
-@pytest.fixture
-async def assistant_id(channel, api_key) -> str:
-    stub = apb_grpc.AssistantsServiceStub(channel)
-    created = await stub.CreateAssistant(
-        apb.CreateAssistantRequest(assistant=apb.Assistant(display_name="downloads")),
-        metadata=bearer(api_key),
-    )
-    return created.id
-
-
-@pytest.fixture
-def storage(settings: Settings) -> Storage:
-    return Storage(
-        settings.s3_endpoint or "",
-        settings.s3_access_key or "",
-        settings.s3_secret_key or "",
-        settings.s3_bucket,
-    )
 
 
 @pytest.fixture

@@ -12,22 +12,13 @@ import socket
 import time
 import uuid
 
-import pytest
 from celery import Celery
 from sqlalchemy import func, select
 
 from services.db.models import Chunk
 from services.db.models import Document as DocumentRow
-from services.storage import Storage
 from tests.conftest import kill_group, start_worker, wait_worker_ready, worker_env
 from tests.support import stored_document
-
-
-@pytest.fixture
-def storage(settings) -> Storage:
-    return Storage(
-        settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, settings.s3_bucket
-    )
 
 
 def send_ingest(broker_url: str, document_id: str) -> None:

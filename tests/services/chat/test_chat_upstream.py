@@ -19,7 +19,7 @@ from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import chat_service_pb2_grpc as pb_grpc
 from footnote.v1 import documents_service_pb2_grpc as dpb_grpc
-from services.server import Deps, create_server, mark_serving
+from tests.conftest import running_server
 from tests.support import bearer, error_info, ingest
 
 pytestmark = pytest.mark.usefixtures("worker")
@@ -104,13 +104,8 @@ async def upstream() -> AsyncIterator[tuple[Upstream, str]]:
 async def llm_target(settings, upstream) -> AsyncIterator[str]:
     _, base_url = upstream
     configured = settings.model_copy(update={"llm_base_url": base_url, "llm_model": "scripted"})
-    deps = Deps.from_settings(configured)
-    server, port = create_server(configured, deps)
-    await server.start()
-    await mark_serving(deps.health)
-    yield f"127.0.0.1:{port}"
-    await server.stop(1.0)
-    deps.close()
+    async with running_server(configured) as target:
+        yield target
 
 
 @pytest.fixture

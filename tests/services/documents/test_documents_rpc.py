@@ -18,37 +18,13 @@ from sqlalchemy import func, select
 from footnote.v1 import assistants_service_pb2 as apb
 from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
 from footnote.v1 import documents_service_pb2 as pb
-from footnote.v1 import documents_service_pb2_grpc as pb_grpc
 from services.db.models import Chunk
 from services.db.models import Document as DocumentRow
-from services.storage import Storage
 from tests.fixtures.documents import samples
 from tests.support import bearer, error_info, ingest, upload, watch
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "documents"
 pytestmark = pytest.mark.usefixtures("worker")
-
-
-@pytest.fixture
-def docs(channel) -> pb_grpc.DocumentsServiceStub:
-    return pb_grpc.DocumentsServiceStub(channel)
-
-
-@pytest.fixture
-async def assistant_id(channel, api_key) -> str:
-    stub = apb_grpc.AssistantsServiceStub(channel)
-    created = await stub.CreateAssistant(
-        apb.CreateAssistantRequest(assistant=apb.Assistant(display_name="docs")),
-        metadata=bearer(api_key),
-    )
-    return created.id
-
-
-@pytest.fixture
-def storage(settings) -> Storage:
-    return Storage(
-        settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, settings.s3_bucket
-    )
 
 
 def chunks_of(db, document_id: str) -> list[Chunk]:

@@ -12,7 +12,6 @@ from services.db.models import Chunk, utcnow
 from services.db.models import Document as DocumentRow
 from services.documents.ingest import IngestOptions, Outcome, ingest_document
 from services.retrieval.embeddings import create_embedder
-from services.storage import Storage
 from tests.support import stored_document
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "documents"
@@ -21,13 +20,6 @@ FIXTURES = Path(__file__).parents[2] / "fixtures" / "documents"
 @pytest.fixture(scope="module")
 def embedder():
     return create_embedder()
-
-
-@pytest.fixture
-def storage(settings) -> Storage:
-    return Storage(
-        settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, settings.s3_bucket
-    )
 
 
 def chunk_rows(db, doc_id: str) -> list[tuple]:
