@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
+LLM_STAMP := $(VENV)/.installed-llm
 PROTOS := $(wildcard proto/footnote/v1/*.proto)
 GENERATED := footnote/v1/.generated
 LLM ?=
@@ -42,14 +43,19 @@ lint: setup
 test: setup
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-test-llm: setup
+# The llm extra builds llama.cpp from source the first time (about 12 minutes on 2 cores).
+$(LLM_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,llm]"
+	touch $@
+
+test-llm: setup $(LLM_STAMP)
 	$(BIN)/pytest -m llm $(PYTEST_ARGS)
 
-run: setup
-	$(BIN)/footnote demo
+run: setup $(if $(LLM),$(LLM_STAMP),)
+	$(BIN)/footnote demo $(if $(LLM),--llm $(LLM),)
 
-dev: setup
-	$(BIN)/footnote dev
+dev: setup $(if $(LLM),$(LLM_STAMP),)
+	$(BIN)/footnote dev $(if $(LLM),--llm $(LLM),)
 
 bench: setup
 	$(PY) bench/citations.py

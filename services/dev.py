@@ -124,7 +124,20 @@ def signals_raise() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_dev(settings: Settings, state_dir: Path) -> None:
+def start_local_llm(stack: EmbeddedStack, settings: Settings, state_dir: Path) -> Settings:
+    """Serves the packaged Qwen model through llama-server and points the generator at it."""
+    from services.llm.local import prepare_local_llm, wait_ready
+
+    local = prepare_local_llm(state_dir)
+    proc = stack.supervise("llama-server", local.args, env=local.env)
+    seconds = wait_ready(local.base_url, timeout=300, proc=proc)
+    log.info("llama-server ready at %s in %.1fs", local.base_url, seconds)
+    return settings.model_copy(
+        update={"llm_base_url": local.base_url, "llm_model": local.model_name}
+    )
+
+
+def run_dev(settings: Settings, state_dir: Path, llm: str | None = None) -> None:
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     stack = EmbeddedStack(
@@ -148,6 +161,8 @@ def run_dev(settings: Settings, state_dir: Path) -> None:
                 db.dispose()
             write_private(state_dir / ENDPOINTS_FILE, json.dumps(endpoints.__dict__))
             start_worker(stack, endpoints)
+            if llm == "local":
+                settings = start_local_llm(stack, settings, state_dir)
         asyncio.run(serve_until_signalled(settings, key, state_dir))
     except KeyboardInterrupt:
         pass

@@ -107,6 +107,12 @@ class Deps:
         """Sends a task by name, so the frontend never imports worker code."""
         return lambda document_id: self.celery.send_task(task, args=[document_id])
 
+    async def aclose(self) -> None:
+        closer = getattr(self.generator, "aclose", None)
+        if closer is not None:  # the OpenAI-compatible client keeps a connection pool
+            await closer()
+        self.close()
+
     def close(self) -> None:
         self.db.dispose()
         self.celery.close()
@@ -188,7 +194,7 @@ async def serve(
         await deps.health.enter_graceful_shutdown()
         await server.stop(settings.shutdown_grace_seconds)
         await http_runner.cleanup()
-        deps.close()
+        await deps.aclose()
 
 
 def free_port(host: str) -> int:

@@ -156,7 +156,7 @@ async def running_server(settings: Settings) -> AsyncIterator[str]:
         yield f"127.0.0.1:{port}"
     finally:
         await server.stop(1.0)
-        deps.close()
+        await deps.aclose()
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import chat_service_pb2_grpc as pb_grpc
 from footnote.v1 import documents_service_pb2_grpc as dpb_grpc
+from services.chat.pipeline import CITE_REMINDER
 from tests.conftest import running_server
 from tests.support import bearer, error_info, ingest
 
@@ -52,7 +53,8 @@ class Upstream:
         body = await request.json()
         if self.fail_status:
             return web.json_response({"error": {"message": "boom"}}, status=self.fail_status)
-        question = body["messages"][-1]["content"]
+        # The pipeline appends its citation reminder to the question; the script keys on both.
+        question = body["messages"][-1]["content"].removesuffix(f"\n\n{CITE_REMINDER}")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         self.open_streams += 1

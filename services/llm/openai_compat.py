@@ -1,0 +1,487 @@
+"""The generator for OpenAI-compatible chat-completions servers, streamed over SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+
+from services.errors import Unavailable
+from services.llm.base import (
+    Finished,
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    TextPiece,
+    estimate_tokens,
+)
+
+log = logging.getLogger(__name__)
+
+# ErrorInfo reasons; every one of them arrives as UNAVAILABLE, the reason says why.
+LLM_UNAVAILABLE = "LLM_UNAVAILABLE"
+LLM_TIMEOUT = "LLM_TIMEOUT"
+LLM_REFUSED = "LLM_REFUSED"
+LLM_BAD_RESPONSE = "LLM_BAD_RESPONSE"
+LLM_AUTH_FAILED = "LLM_AUTH_FAILED"
+LLM_RATE_LIMITED = "LLM_RATE_LIMITED"
+LLM_REJECTED = "LLM_REJECTED"
+LLM_UPSTREAM_ERROR = "LLM_UPSTREAM_ERROR"
+
+_MESSAGES = {
+    LLM_UNAVAILABLE: "the language model is unavailable; try again later",
+    LLM_TIMEOUT: "the language model did not answer in time; try again later",
+    LLM_REFUSED: "the language model declined to answer",
+    LLM_BAD_RESPONSE: "the language model sent a response that could not be read",
+    LLM_AUTH_FAILED: "the language model rejected the server's credentials",
+    LLM_RATE_LIMITED: "the language model is over its rate limit; try again later",
+    LLM_REJECTED: "the language model rejected the request",
+    LLM_UPSTREAM_ERROR: "the language model failed while answering",
+}
+
+_FINISH_REASONS = {
+    "stop": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    # We send no tools, but some servers report these for a plain end of turn.
+    "eos": FinishReason.STOP,
+    "tool_calls": FinishReason.STOP,
+    "function_call": FinishReason.STOP,
+}
+
+# A line or event this large is not a chat-completion chunk; stop before memory grows further.
+_MAX_EVENT_BYTES = 1 << 20
+_MAX_JSON_BODY_BYTES = 8 << 20
+_MAX_ERROR_BODY_BYTES = 4096
+# Upstream bodies may echo keys or prompts: they go to the log, cut short, never to the client.
+_LOGGED_BODY_CHARS = 500
+_DRAIN_SECONDS = 1.0
+# Each idle connection in the pool may turn out closed; a fresh one is never retried.
+_MAX_SEND_ATTEMPTS = 3
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+class OpenAIGenerator:
+    """Streams an answer from a `/v1/chat/completions` server (vLLM, Ollama, llama.cpp, OpenAI).
+
+    Timeouts: `connect_timeout` for the TCP/TLS connection; `read_timeout` for each gap between
+    chunks once the first token has arrived (before it only the deadline applies, as a long
+    prompt can take a while to process); `timeout_seconds` for the whole answer.
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout_seconds: float = 60.0,
+        connect_timeout: float = 5.0,
+        *,
+        read_timeout: float = 30.0,
+    ) -> None:
+        if timeout_seconds <= 0 or connect_timeout <= 0 or read_timeout <= 0:
+            raise ValueError("timeouts must be positive")
+        self.url = chat_completions_url(base_url)
+        self.model = model
+        self.timeout_seconds = timeout_seconds
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._headers = {"Accept": "text/event-stream"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    async def aclose(self) -> None:
+        """Closes the pooled connections; a later generate() opens new ones."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        model = request.model or self.model
+        loop = asyncio.get_running_loop()
+        client = self._http_client(loop)
+        deadline = loop.time() + self.timeout_seconds
+        answer = _Answer(model)
+        payload = _payload(request, model)
+        try:
+            # The exit stack closes the response (and so the connection, as its body is unread)
+            # however this generator ends: exhausted, failed, aclose()d or cancelled.
+            async with contextlib.AsyncExitStack() as exits:
+                response = await self._send(client, payload, deadline, exits)
+                if response.status_code // 100 != 2:
+                    await self._raise_for_status(response, answer, deadline)
+                content_type = response.headers.get("content-type", "").lower()
+                if content_type.startswith("application/json"):
+                    # A server (or proxy) that ignored stream=true: one piece, same checks.
+                    body = await _read_capped(response, _MAX_JSON_BODY_BYTES, deadline)
+                    text = answer.accept_completion(body)
+                    if text:
+                        yield TextPiece(text)
+                else:
+                    chunks = await exits.enter_async_context(
+                        contextlib.aclosing(response.aiter_bytes())
+                    )
+                    decoder = _EventStreamDecoder()
+                    while (chunk := await self._next_chunk(chunks, answer, deadline)) is not None:
+                        for kind, data in decoder.feed(chunk):
+                            if text := answer.accept_event(kind, data):
+                                yield TextPiece(text)
+                    for kind, data in decoder.close():
+                        if text := answer.accept_event(kind, data):
+                            yield TextPiece(text)
+            yield answer.finished(request)
+        except (Unavailable, httpx.HTTPError, TimeoutError) as err:
+            failure = err if isinstance(err, Unavailable) else self._translate(err, answer)
+            if answer.chars:
+                # The caller has already streamed these pieces; it must not keep them.
+                failure.metadata["partial"] = "true"
+            if failure is err:
+                raise
+            raise failure from err
+
+    def _translate(self, err: httpx.HTTPError | TimeoutError, answer: _Answer) -> Unavailable:
+        log.warning("LLM %s failed: %s: %s", self.url, type(err).__name__, err)
+        if isinstance(err, TimeoutError):
+            return answer.error(LLM_TIMEOUT, timeout="deadline")
+        if isinstance(err, httpx.TimeoutException):
+            connecting = isinstance(err, httpx.ConnectTimeout | httpx.PoolTimeout)
+            return answer.error(LLM_TIMEOUT, timeout="connect" if connecting else "read")
+        if isinstance(err, httpx.DecodingError):
+            return answer.error(LLM_BAD_RESPONSE)
+        return answer.error(LLM_UNAVAILABLE)
+
+    def _http_client(self, loop: asyncio.AbstractEventLoop) -> httpx.AsyncClient:
+        # Pooled connections belong to the loop that opened them.
+        if self._client is None or self._client.is_closed or self._client_loop is not loop:
+            self._client = httpx.AsyncClient(
+                headers=self._headers,
+                timeout=httpx.Timeout(
+                    self.timeout_seconds,
+                    connect=self.connect_timeout,
+                    pool=self.connect_timeout,
+                ),
+                follow_redirects=False,
+            )
+            self._client_loop = loop
+        return self._client
+
+    async def _send(
+        self,
+        client: httpx.AsyncClient,
+        payload: dict[str, Any],
+        deadline: float,
+        exits: contextlib.AsyncExitStack,
+    ) -> httpx.Response:
+        attempt = 0
+        while True:
+            attempt += 1
+            fresh = False
+
+            async def trace(event: str, info: Mapping[str, Any]) -> None:
+                nonlocal fresh
+                fresh = fresh or event.startswith("connection.connect_tcp")
+
+            request = client.build_request(
+                "POST", self.url, json=payload, extensions={"trace": trace}
+            )
+            try:
+                async with asyncio.timeout_at(deadline):
+                    response = await client.send(request, stream=True)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as err:
+                # A kept-alive connection that the server closed just as we reused it (llama-server
+                # closes each one after a stream): nothing was answered, so ask again on a new one.
+                if fresh or attempt == _MAX_SEND_ATTEMPTS:
+                    raise
+                log.info("LLM %s: reused connection was closed (%s); retrying", self.url, err)
+                continue
+            exits.push_async_callback(response.aclose)
+            return response
+
+    async def _next_chunk(
+        self, chunks: AsyncIterator[bytes], answer: _Answer, deadline: float
+    ) -> bytes | None:
+        """The next body chunk, or None at the end of the body."""
+        loop = asyncio.get_running_loop()
+        limit = deadline
+        if answer.done:
+            # Only the end of the body is left; reading it lets the connection be reused.
+            limit = min(deadline, loop.time() + _DRAIN_SECONDS)
+        elif answer.started:
+            limit = min(deadline, loop.time() + self.read_timeout)
+        try:
+            async with asyncio.timeout_at(limit):
+                return await anext(chunks, None)
+        except (TimeoutError, httpx.HTTPError) as err:
+            if answer.finish is not None:
+                # Only the usage record was still to come; the answer itself is complete.
+                log.info("LLM %s: stream ended badly after finishing (%r)", self.url, err)
+                return None
+            if isinstance(err, TimeoutError):
+                which = "deadline" if limit >= deadline else "read"
+                log.warning("LLM %s: %s timeout while streaming", self.url, which)
+                raise answer.error(LLM_TIMEOUT, timeout=which) from err
+            raise
+
+    async def _raise_for_status(
+        self, response: httpx.Response, answer: _Answer, deadline: float
+    ) -> None:
+        status = response.status_code
+        # The body only goes to the log: not worth waiting long for.
+        limit = min(deadline, asyncio.get_running_loop().time() + self.read_timeout)
+        try:
+            body = await _read_capped(response, _MAX_ERROR_BODY_BYTES, limit)
+        except (TimeoutError, httpx.HTTPError):
+            body = b""
+        log.warning(
+            "LLM %s answered HTTP %d: %s",
+            self.url,
+            status,
+            body[:_LOGGED_BODY_CHARS].decode("utf-8", "replace"),
+        )
+        metadata = {"upstream_status": str(status)}
+        if status in (401, 403):
+            reason = LLM_AUTH_FAILED
+        elif status == 429:
+            reason = LLM_RATE_LIMITED
+            retry_after = response.headers.get("retry-after", "")
+            if retry_after.isdigit():
+                metadata["retry_after_seconds"] = retry_after
+        elif status in (408, 504):
+            reason = LLM_TIMEOUT
+        elif 400 <= status < 500:
+            reason = LLM_REJECTED
+        elif status >= 500:
+            reason = LLM_UNAVAILABLE
+        else:  # 1xx or a redirect we do not follow
+            reason = LLM_BAD_RESPONSE
+        raise answer.error(reason, **metadata)
+
+
+def chat_completions_url(base_url: str) -> str:
+    """The endpoint for a base URL given with or without its `/v1` (or the full path)."""
+    url = httpx.URL(base_url.strip())
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"not an http(s) URL: {base_url!r}")
+    path = url.path.rstrip("/")
+    if not path.endswith("/chat/completions"):
+        path += "/chat/completions" if re.search(r"/v\d+$", path) else "/v1/chat/completions"
+    return str(url.copy_with(path=path))
+
+
+def _payload(request: GenerationRequest, model: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": request.temperature,
+        "max_tokens": request.max_output_tokens,
+    }
+
+
+def _error(reason: str, model: str, **metadata: str) -> Unavailable:
+    if model:
+        metadata["model"] = model
+    return Unavailable(_MESSAGES[reason], reason=reason, metadata=metadata)
+
+
+async def _read_capped(response: httpx.Response, cap: int, deadline: float) -> bytes:
+    body = bytearray()
+    async with asyncio.timeout_at(deadline):
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > cap:
+                break
+    return bytes(body[:cap])
+
+
+class _Answer:
+    """What one streamed answer has delivered so far, and the checks on each chunk."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.chars = 0
+        self.text_parts: list[str] = []
+        self.finish: FinishReason | None = None
+        self.done = False
+        self.usage: Mapping[str, Any] = {}
+
+    @property
+    def started(self) -> bool:
+        return self.chars > 0 or self.finish is not None
+
+    def error(self, reason: str, **metadata: str) -> Unavailable:
+        return _error(reason, self.model, **metadata)
+
+    def accept_event(self, kind: str, data: str) -> str:
+        """The text an SSE event adds; raises Unavailable for errors, refusals and garbage."""
+        if self.done:
+            return ""  # nothing after [DONE] counts
+        if data.strip() == "[DONE]":
+            self.done = True
+            self.finish = self.finish or FinishReason.STOP
+            return ""
+        try:
+            chunk = json.loads(data)
+        except ValueError as err:
+            log.warning("LLM sent a malformed event: %r", data[:_LOGGED_BODY_CHARS])
+            raise self.error(LLM_BAD_RESPONSE) from err
+        if not isinstance(chunk, dict):
+            raise self._bad("an event that is not an object", data)
+        if kind == "error" or chunk.get("error"):
+            self._raise_upstream_error(chunk.get("error", chunk))
+        self._take_usage(chunk)
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise self._bad("choices that are not a list", data)
+        text = ""
+        for choice in choices:
+            if not isinstance(choice, dict):
+                raise self._bad("a choice that is not an object", data)
+            if choice.get("index", 0) != 0:
+                continue  # we ask for one choice; ignore extras rather than mix them in
+            delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                raise self._bad("a delta that is not an object", data)
+            text += self._take_message(delta, data)
+            self._take_finish(choice.get("finish_reason"))
+        return text
+
+    def accept_completion(self, raw: bytes) -> str:
+        """The text of a whole (non-streamed) chat.completion object."""
+        try:
+            body = json.loads(raw)
+        except ValueError as err:
+            log.warning("LLM sent a malformed completion: %r", raw[:_LOGGED_BODY_CHARS])
+            raise self.error(LLM_BAD_RESPONSE) from err
+        if not isinstance(body, dict):
+            raise self._bad("a completion that is not an object", repr(body))
+        if body.get("error"):
+            self._raise_upstream_error(body["error"])
+        self._take_usage(body)
+        choices = body.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise self._bad("a completion without choices", repr(body))
+        message = choices[0].get("message") or {}
+        if not isinstance(message, dict):
+            raise self._bad("a message that is not an object", repr(body))
+        text = self._take_message(message, repr(body))
+        self._take_finish(choices[0].get("finish_reason") or "stop")
+        self.done = True
+        return text
+
+    def finished(self, request: GenerationRequest) -> Finished:
+        if self.finish is None:
+            # The body ended cleanly but never said the answer was complete: it may be cut.
+            raise self.error(LLM_BAD_RESPONSE)
+        prompt_tokens = self.usage.get("prompt_tokens")
+        if not isinstance(prompt_tokens, int) or prompt_tokens <= 0:
+            prompt_tokens = estimate_tokens("".join(m.content for m in request.messages))
+        completion_tokens = self.usage.get("completion_tokens")
+        if not isinstance(completion_tokens, int) or completion_tokens < 0:
+            completion_tokens = estimate_tokens("".join(self.text_parts))
+        return Finished(self.finish, prompt_tokens, completion_tokens)
+
+    def _take_message(self, message: Mapping[str, Any], data: str) -> str:
+        if message.get("refusal"):
+            log.info("LLM refused: %r", str(message["refusal"])[:_LOGGED_BODY_CHARS])
+            raise self.error(LLM_REFUSED)
+        content = message.get("content")
+        if content is None:
+            return ""
+        if not isinstance(content, str):
+            raise self._bad("content that is not a string", data)
+        self.chars += len(content)
+        self.text_parts.append(content)
+        return content
+
+    def _take_finish(self, reason: Any) -> None:
+        if reason is None:
+            return
+        if reason == "content_filter":
+            raise self.error(LLM_REFUSED)
+        if reason not in _FINISH_REASONS:
+            log.info("LLM sent an unknown finish_reason %r; taken as stop", reason)
+        self.finish = _FINISH_REASONS.get(reason, FinishReason.STOP)
+
+    def _take_usage(self, chunk: Mapping[str, Any]) -> None:
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+
+    def _raise_upstream_error(self, error: Any) -> None:
+        log.warning("LLM sent an error: %r", str(error)[:_LOGGED_BODY_CHARS])
+        metadata: dict[str, str] = {}
+        if isinstance(error, dict):
+            # Only short identifiers such as "server_error": messages may echo secrets.
+            for key in ("type", "code"):
+                value = error.get(key)
+                if isinstance(value, str | int) and re.fullmatch(r"[\w.-]{1,64}", str(value)):
+                    metadata[f"upstream_error_{key}"] = str(value)
+        raise self.error(LLM_UPSTREAM_ERROR, **metadata)
+
+    def _bad(self, what: str, data: str) -> Unavailable:
+        log.warning("LLM sent %s: %r", what, data[:_LOGGED_BODY_CHARS])
+        return self.error(LLM_BAD_RESPONSE)
+
+
+class _EventStreamDecoder:
+    """Splits a text/event-stream body into (event type, data) pairs, as the SSE spec reads it."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._kind = ""
+        self._data: list[str] = []
+        self._size = 0
+        self._first_line = True
+
+    def feed(self, chunk: bytes) -> list[tuple[str, str]]:
+        self._buffer += chunk
+        events: list[tuple[str, str]] = []
+        start = 0
+        while match := _LINE_END.search(self._buffer, start):
+            if match.group() == b"\r" and match.end() == len(self._buffer):
+                break  # maybe the first half of a CRLF split across chunks
+            self._line(bytes(self._buffer[start : match.start()]), events)
+            start = match.end()
+        del self._buffer[:start]
+        if len(self._buffer) > _MAX_EVENT_BYTES:
+            raise _error(LLM_BAD_RESPONSE, "", problem="line too long")
+        return events
+
+    def close(self) -> list[tuple[str, str]]:
+        """Events left at the end of the body; a last event without its blank line counts."""
+        events = self.feed(b"\n") if self._buffer else []
+        self._line(b"", events)
+        return events
+
+    def _line(self, raw: bytes, events: list[tuple[str, str]]) -> None:
+        if self._first_line:
+            raw = raw.removeprefix(b"\xef\xbb\xbf")
+            self._first_line = False
+        if not raw:
+            if self._data:
+                events.append((self._kind, "\n".join(self._data)))
+            self._kind, self._data, self._size = "", [], 0
+            return
+        line = raw.decode("utf-8", "replace")
+        if line.startswith(":"):
+            return  # a comment: servers send these to keep the connection alive
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "data":
+            self._data.append(value)
+            self._size += len(raw)
+            if self._size > _MAX_EVENT_BYTES:
+                raise _error(LLM_BAD_RESPONSE, "", problem="event too large")
+        elif field == "event":
+            self._kind = value

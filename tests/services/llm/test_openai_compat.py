@@ -1,0 +1,803 @@
+"""OpenAIGenerator against a scripted OpenAI-compatible server on a real loopback socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from services.errors import Unavailable
+from services.llm.base import (
+    Finished,
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    PromptMessage,
+    TextPiece,
+    estimate_tokens,
+)
+from services.llm.openai_compat import OpenAIGenerator, chat_completions_url
+
+# --- the scripted server -----------------------------------------------------------------
+
+
+@dataclass
+class ReceivedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+class Exchange:
+    """One request on the server side: the script answers it through these methods."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, nth: int
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.nth = nth  # 1 for the first request on this connection
+        self.keep_alive = False
+
+    async def start_stream(
+        self, status: int = 200, content_type: str = "text/event-stream"
+    ) -> None:
+        head = (
+            f"HTTP/1.1 {status} Scripted\r\ncontent-type: {content_type}\r\n"
+            "transfer-encoding: chunked\r\ncache-control: no-cache\r\n\r\n"
+        )
+        self.writer.write(head.encode())
+        await self.writer.drain()
+
+    async def chunk(self, data: str | bytes) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        self.writer.write(b"%x\r\n%s\r\n" % (len(raw), raw))
+        await self.writer.drain()
+
+    async def event(self, payload: Any) -> None:
+        text = payload if isinstance(payload, str) else json.dumps(payload)
+        await self.chunk(f"data: {text}\n\n")
+
+    async def end_stream(self) -> None:
+        self.writer.write(b"0\r\n\r\n")
+        await self.writer.drain()
+        self.keep_alive = True
+
+    async def reply(
+        self,
+        status: int,
+        body: str | bytes,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        raw = body.encode() if isinstance(body, str) else body
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        head = (
+            f"HTTP/1.1 {status} Scripted\r\ncontent-type: {content_type}\r\n{extra}"
+            f"content-length: {len(raw)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + raw)
+        await self.writer.drain()
+        self.keep_alive = True
+
+    def client_gone(self) -> bool:
+        # The kernel delivers the client's FIN (or RST) to the reader even while nobody reads.
+        return self.reader.at_eof() or self.writer.is_closing()
+
+    async def wait_client_gone(self, limit: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + limit
+        while not self.client_gone() and loop.time() < until:
+            await asyncio.sleep(0.01)
+
+
+Script = Callable[[Exchange], Awaitable[None]]
+
+
+@dataclass
+class ScriptedServer:
+    """Answers every request with `script`; records requests, disconnects and live handlers."""
+
+    script: Script | None = None
+    port: int = 0
+    requests: list[ReceivedRequest] = field(default_factory=list)
+    handlers: set[asyncio.Task[None]] = field(default_factory=set)
+    disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+    events_sent: int = 0
+    connections: int = 0
+    _server: asyncio.Server | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self.handlers):
+            task.cancel()
+        await self._server.wait_closed()
+
+    async def wait_idle(self, limit: float) -> bool:
+        """True once no handler runs, waiting at most `limit` seconds."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + limit
+        while self.handlers and loop.time() < until:
+            await asyncio.sleep(0.01)
+        return not self.handlers
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        self.connections += 1
+        try:
+            nth = 1
+            while await self._serve_one(reader, writer, nth):
+                nth += 1
+        except (ConnectionError, asyncio.IncompleteReadError):
+            self.disconnected.set()
+        finally:
+            writer.close()
+            self.handlers.discard(task)
+
+    async def _serve_one(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, nth: int
+    ) -> bool:
+        request_line = await reader.readline()
+        if not request_line:
+            if reader.at_eof():
+                self.disconnected.set()  # the client left before (or between) requests
+            return False
+        method, path, _ = request_line.decode().split(" ", 2)
+        headers: dict[str, str] = {}
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        self.requests.append(ReceivedRequest(method, path, headers, json.loads(body or b"null")))
+        exchange = Exchange(reader, writer, nth)
+        assert self.script is not None, "set server.script before calling it"
+        await self.script(exchange)
+        if exchange.client_gone():
+            self.disconnected.set()
+        return exchange.keep_alive and not exchange.client_gone()
+
+
+@pytest.fixture
+async def llm_server() -> AsyncIterator[ScriptedServer]:
+    server = ScriptedServer()
+    await server.start()
+    yield server
+    # Every handler has ended by now unless the client left a request hanging.
+    idle = await server.wait_idle(2.0)
+    await server.stop()
+    assert idle, "a server handler was still running after the test"
+
+
+GeneratorFactory = Callable[..., OpenAIGenerator]
+
+
+@pytest.fixture
+async def make_generator(llm_server: ScriptedServer) -> AsyncIterator[GeneratorFactory]:
+    made: list[OpenAIGenerator] = []
+
+    def make(**overrides: Any) -> OpenAIGenerator:
+        options: dict[str, Any] = {
+            "base_url": llm_server.base_url,
+            "model": "test-model",
+            "api_key": "sk-test",
+            "timeout_seconds": 10,
+            "connect_timeout": 2,
+            "read_timeout": 2,
+        }
+        options.update(overrides)
+        made.append(OpenAIGenerator(**options))
+        return made[-1]
+
+    yield make
+    # Closing the pools ends the handlers that wait on kept-alive connections.
+    for gen in made:
+        await gen.aclose()
+
+
+@pytest.fixture
+def generator(make_generator: GeneratorFactory) -> OpenAIGenerator:
+    return make_generator()
+
+
+def chunk(
+    content: str | None = None,
+    finish: str | None = None,
+    *,
+    usage: dict[str, int] | None = None,
+    refusal: str | None = None,
+    role: str | None = None,
+) -> dict[str, Any]:
+    """One chat.completion.chunk as OpenAI streams it."""
+    delta: dict[str, Any] = {}
+    if role is not None:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
+    if refusal is not None:
+        delta["refusal"] = refusal
+    body: dict[str, Any] = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "model": "test-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def usage_chunk(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """The last chunk when stream_options.include_usage is set: no choices, only usage."""
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+REQUEST = GenerationRequest(
+    messages=[
+        PromptMessage("system", 'Cite as [N].\n[1] (Source: "paris.md") Paris is in France.'),
+        PromptMessage("user", "What is the capital of France?"),
+    ],
+    temperature=0.1,
+    max_output_tokens=64,
+)
+SECRET = "sk-live-0123456789abcdef"
+
+
+async def collect(
+    gen: OpenAIGenerator, request: GenerationRequest = REQUEST
+) -> tuple[list[str], Finished]:
+    events: list[GenerationEvent] = [e async for e in gen.generate(request)]
+    finals = [e for e in events if isinstance(e, Finished)]
+    assert len(finals) == 1 and events[-1] is finals[0], events
+    return [e.text for e in events if isinstance(e, TextPiece)], finals[0]
+
+
+async def failure(
+    gen: OpenAIGenerator, request: GenerationRequest = REQUEST
+) -> tuple[Unavailable, list[str]]:
+    pieces: list[str] = []
+    with pytest.raises(Unavailable) as info:
+        async for event in gen.generate(request):
+            assert isinstance(event, TextPiece), "no Finished before a failure"
+            pieces.append(event.text)
+    return info.value, pieces
+
+
+def assert_no_secret(err: Unavailable) -> None:
+    assert SECRET not in err.message
+    assert all(SECRET not in value for value in err.metadata.values())
+
+
+# --- streaming ---------------------------------------------------------------------------
+
+
+async def test_streams_pieces_then_one_finished_with_the_server_usage(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(chunk("", role="assistant"))
+        await ex.event(chunk("Paris is the capital"))
+        await ex.event(chunk(" of France ["))
+        await ex.event(chunk("1]."))
+        await ex.event(chunk(finish="stop"))
+        await ex.event(usage_chunk(31, 9))
+        await ex.event("[DONE]")
+        await ex.end_stream()
+
+    llm_server.script = script
+    pieces, finished = await collect(generator)
+
+    assert pieces == ["Paris is the capital", " of France [", "1]."]
+    assert finished == Finished(FinishReason.STOP, 31, 9)
+    [received] = llm_server.requests
+    assert (received.method, received.path) == ("POST", "/v1/chat/completions")
+    assert received.headers["authorization"] == "Bearer sk-test"
+    assert received.body == {
+        "model": "test-model",
+        "messages": [{"role": m.role, "content": m.content} for m in REQUEST.messages],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.1,
+        "max_tokens": 64,
+    }
+
+
+async def test_the_request_model_wins_and_no_key_sends_no_authorization(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(chunk("ok", "stop"))
+        await ex.event("[DONE]")
+        await ex.end_stream()
+
+    llm_server.script = script
+    gen = make_generator(base_url=llm_server.base_url + "/v1/", api_key=None)
+    request = GenerationRequest(messages=REQUEST.messages, model="other-model")
+    await collect(gen, request)
+    await collect(gen)
+
+    first, second = llm_server.requests
+    assert first.path == second.path == "/v1/chat/completions"
+    assert first.body["model"] == "other-model"
+    assert second.body["model"] == "test-model"
+    assert "authorization" not in first.headers
+
+
+async def test_events_split_anywhere_across_chunks_are_reassembled(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    first = json.dumps(chunk("Tokyo [")).encode()
+    second = json.dumps(chunk("2]")).encode()
+    # One JSON object spread over two data lines: SSE joins them with a newline.
+    spread = b'data: {"choices": [{"index": 0,\r\ndata: "delta": {"content": "!"}}]}\r\n\r\n'
+
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.chunk(b": keep-alive\r\n\r\n")
+        await ex.chunk(b"data: " + first[:9])
+        await ex.chunk(first[9:] + b"\r")  # the CR here, its LF in the next chunk
+        await ex.chunk(b"\n\r\nevent: message\ndata: " + second + b"\n\n" + spread[:5])
+        await ex.chunk(spread[5:])
+        await ex.chunk(b"data: " + json.dumps(chunk(finish="stop")).encode() + b"\r\r")
+        await ex.chunk(b"data: [DONE]\n\n")
+        await ex.event(chunk("after the end"))
+        await ex.end_stream()
+
+    llm_server.script = script
+    pieces, finished = await collect(generator)
+
+    assert pieces == ["Tokyo [", "2]", "!"]
+    assert finished.reason is FinishReason.STOP
+
+
+async def test_without_usage_the_token_counts_are_estimated(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(chunk("Paris [1]."))
+        await ex.event(chunk(" It is in France.", "stop"))
+        await ex.event("[DONE]")
+        await ex.end_stream()
+
+    llm_server.script = script
+    pieces, finished = await collect(generator)
+
+    prompt = "".join(m.content for m in REQUEST.messages)
+    assert finished == Finished(
+        FinishReason.STOP, estimate_tokens(prompt), estimate_tokens("".join(pieces))
+    )
+
+
+async def test_finish_length_is_reported(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        usage = {"prompt_tokens": 5, "completion_tokens": 2}
+        await ex.event(chunk("Paris is", "length", usage=usage))
+        await ex.end_stream()  # no [DONE]: the finish_reason is enough
+
+    llm_server.script = script
+    pieces, finished = await collect(generator)
+
+    assert pieces == ["Paris is"]
+    assert finished == Finished(FinishReason.LENGTH, 5, 2)
+
+
+async def test_a_server_that_ignores_stream_true_still_answers(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    completion = {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"content": "Paris [1]."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 20, "completion_tokens": 4},
+    }
+
+    async def script(ex: Exchange) -> None:
+        await ex.reply(200, json.dumps(completion))
+
+    llm_server.script = script
+    pieces, finished = await collect(generator)
+
+    assert pieces == ["Paris [1]."]
+    assert finished == Finished(FinishReason.STOP, 20, 4)
+
+
+# --- refusals and upstream errors --------------------------------------------------------
+
+
+async def test_finish_content_filter_is_a_refusal(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(chunk("I will"))
+        await ex.event(chunk(finish="content_filter"))
+        await ex.event("[DONE]")
+        await ex.end_stream()
+
+    llm_server.script = script
+    err, pieces = await failure(generator)
+
+    assert pieces == ["I will"]
+    assert err.reason == "LLM_REFUSED"
+    assert err.metadata["partial"] == "true"
+    assert err.metadata["model"] == "test-model"
+
+
+async def test_a_refusal_in_the_delta_is_a_refusal(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(chunk(refusal="I can't help with that."))
+        await ex.event(chunk(finish="stop"))
+        await ex.event("[DONE]")
+        await ex.end_stream()
+
+    llm_server.script = script
+    err, pieces = await failure(generator)
+
+    assert pieces == []
+    assert err.reason == "LLM_REFUSED"
+    assert "partial" not in err.metadata
+    assert "help" not in err.message
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [
+        (500, "LLM_UNAVAILABLE"),
+        (503, "LLM_UNAVAILABLE"),
+        (401, "LLM_AUTH_FAILED"),
+        (403, "LLM_AUTH_FAILED"),
+        (429, "LLM_RATE_LIMITED"),
+        (400, "LLM_REJECTED"),
+        (404, "LLM_REJECTED"),
+        (504, "LLM_TIMEOUT"),
+    ],
+)
+async def test_http_errors_map_to_a_reason_and_keep_the_body_out_of_the_error(
+    llm_server: ScriptedServer,
+    generator: OpenAIGenerator,
+    caplog: pytest.LogCaptureFixture,
+    status: int,
+    reason: str,
+) -> None:
+    body = json.dumps({"error": {"message": f"Incorrect API key provided: {SECRET}"}})
+
+    async def script(ex: Exchange) -> None:
+        await ex.reply(status, body, headers={"retry-after": "7"})
+
+    llm_server.script = script
+    with caplog.at_level(logging.WARNING, logger="services.llm.openai_compat"):
+        err, pieces = await failure(generator)
+
+    assert pieces == []
+    assert err.reason == reason
+    assert err.metadata["upstream_status"] == str(status)
+    if status == 429:
+        assert err.metadata["retry_after_seconds"] == "7"
+    assert_no_secret(err)
+    # The operator still gets the upstream's words, in the log.
+    assert SECRET in caplog.text
+
+
+async def test_malformed_json_is_a_bad_response(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(chunk("Paris"))
+        await ex.event('{"choices": [{"delta": {"content": "is')
+        await ex.event(chunk(" the capital", "stop"))
+        await ex.end_stream()
+
+    llm_server.script = script
+    err, pieces = await failure(generator)
+
+    assert pieces == ["Paris"]
+    assert err.reason == "LLM_BAD_RESPONSE"
+    assert err.metadata["partial"] == "true"
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        '["a", "list"]',
+        '{"choices": {"index": 0}}',
+        '{"choices": [{"index": 0, "delta": {"content": 42}}]}',
+        '{"choices": [{"index": 0, "delta": "text"}]}',
+    ],
+)
+async def test_well_formed_json_of_the_wrong_shape_is_a_bad_response(
+    llm_server: ScriptedServer, generator: OpenAIGenerator, garbage: str
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(garbage)
+        await ex.end_stream()
+
+    llm_server.script = script
+    err, _ = await failure(generator)
+    assert err.reason == "LLM_BAD_RESPONSE"
+
+
+async def test_a_line_without_end_is_cut_off_as_a_bad_response(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.chunk(b"data: " + b"x" * (1 << 20) + b"x")
+        await ex.wait_client_gone()
+
+    llm_server.script = script
+    err, _ = await failure(generator)
+    assert err.reason == "LLM_BAD_RESPONSE"
+
+
+async def test_an_error_object_in_the_stream_fails_the_answer(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(chunk("Paris"))
+        await ex.event(
+            {"error": {"message": f"upstream crashed near {SECRET}", "type": "server_error"}}
+        )
+        await ex.end_stream()
+
+    llm_server.script = script
+    err, pieces = await failure(generator)
+
+    assert pieces == ["Paris"]
+    assert err.reason == "LLM_UPSTREAM_ERROR"
+    assert err.metadata["upstream_error_type"] == "server_error"
+    assert err.metadata["partial"] == "true"
+    assert_no_secret(err)
+
+
+async def test_a_stream_that_ends_without_finishing_is_a_bad_response(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(chunk("Paris is"))
+        await ex.end_stream()
+
+    llm_server.script = script
+    err, pieces = await failure(generator)
+
+    assert pieces == ["Paris is"]
+    assert err.reason == "LLM_BAD_RESPONSE"
+
+
+async def test_a_connection_dropped_mid_stream_is_unavailable(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(chunk("Paris is"))
+        ex.writer.close()  # no terminating chunk: the body is cut
+
+    llm_server.script = script
+    err, pieces = await failure(generator)
+
+    assert pieces == ["Paris is"]
+    assert err.reason == "LLM_UNAVAILABLE"
+    assert err.metadata["partial"] == "true"
+
+
+async def test_nothing_listening_is_unavailable() -> None:
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+
+    gen = OpenAIGenerator(f"http://127.0.0.1:{port}", "m", connect_timeout=2)
+    try:
+        err, _ = await failure(gen)
+    finally:
+        await gen.aclose()
+    assert err.reason == "LLM_UNAVAILABLE"
+
+
+async def test_a_kept_alive_connection_the_server_closed_is_retried_on_a_new_one(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    async def script(ex: Exchange) -> None:
+        if ex.nth > 1:
+            ex.writer.close()  # what llama-server does to a connection after a stream
+            return
+        await ex.start_stream()
+        await ex.event(chunk("ok", "stop"))
+        await ex.event("[DONE]")
+        await ex.end_stream()
+
+    llm_server.script = script
+    for _ in range(3):
+        pieces, _finished = await collect(generator)
+        assert pieces == ["ok"]
+
+    # Each answer after the first tried the pooled connection, then a new one.
+    assert len(llm_server.requests) == 5
+    assert llm_server.connections == 3
+
+
+async def test_a_new_connection_closed_without_an_answer_is_not_retried(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    async def script(ex: Exchange) -> None:
+        ex.writer.close()
+
+    llm_server.script = script
+    err, _ = await failure(generator)
+
+    assert err.reason == "LLM_UNAVAILABLE"
+    assert len(llm_server.requests) == 1
+
+
+# --- timeouts ----------------------------------------------------------------------------
+
+
+async def test_a_stall_between_chunks_hits_the_read_timeout(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(chunk("Paris"))
+        await ex.wait_client_gone()
+
+    llm_server.script = script
+    err, pieces = await failure(make_generator(read_timeout=0.3, timeout_seconds=30))
+
+    assert pieces == ["Paris"]
+    assert (err.reason, err.metadata["timeout"]) == ("LLM_TIMEOUT", "read")
+    await asyncio.wait_for(llm_server.disconnected.wait(), 1.0)
+
+
+async def test_a_server_that_never_answers_hits_the_deadline(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.wait_client_gone()
+
+    llm_server.script = script
+    err, _ = await failure(make_generator(timeout_seconds=1.0, read_timeout=30))
+
+    assert (err.reason, err.metadata["timeout"]) == ("LLM_TIMEOUT", "deadline")
+    assert len(llm_server.requests) == 1
+    await asyncio.wait_for(llm_server.disconnected.wait(), 1.0)
+
+
+async def test_a_stall_after_the_finish_still_ends_the_answer(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(chunk("Paris.", "stop"))
+        await ex.wait_client_gone()  # the usage chunk and [DONE] never come
+
+    llm_server.script = script
+    pieces, finished = await collect(make_generator(read_timeout=0.3))
+
+    assert pieces == ["Paris."]
+    assert finished.reason is FinishReason.STOP
+    assert finished.completion_tokens == estimate_tokens("Paris.")
+
+
+# --- cancellation ------------------------------------------------------------------------
+
+
+def endless_script(server: ScriptedServer) -> Script:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        for i in range(1000):
+            if ex.client_gone():
+                server.disconnected.set()
+                return
+            await ex.event(chunk(f"word{i} "))
+            server.events_sent += 1
+            await asyncio.sleep(0.02)
+
+    return script
+
+
+async def test_aclose_after_two_pieces_closes_the_upstream_at_once(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    llm_server.script = endless_script(llm_server)
+    stream = generator.generate(REQUEST)
+    pieces = []
+    async for event in stream:
+        assert isinstance(event, TextPiece)
+        pieces.append(event.text)
+        if len(pieces) == 2:
+            break
+    await stream.aclose()  # what the servicer does when the gRPC client cancels
+
+    await asyncio.wait_for(llm_server.disconnected.wait(), 1.0)
+    assert await llm_server.wait_idle(1.0), "the server handler is still streaming"
+    assert pieces == ["word0 ", "word1 "]
+    assert llm_server.events_sent < 1000
+
+
+async def test_cancelling_the_consuming_task_closes_the_upstream_at_once(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    llm_server.script = endless_script(llm_server)
+    two_pieces = asyncio.Event()
+
+    async def consume() -> None:
+        count = 0
+        async for _ in generator.generate(REQUEST):
+            count += 1
+            if count == 2:
+                two_pieces.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(two_pieces.wait(), 5.0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    await asyncio.wait_for(llm_server.disconnected.wait(), 1.0)
+    assert await llm_server.wait_idle(1.0), "the server handler is still streaming"
+    assert llm_server.events_sent < 1000
+
+
+# --- configuration -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("base_url", "endpoint"),
+    [
+        ("http://127.0.0.1:8080", "http://127.0.0.1:8080/v1/chat/completions"),
+        ("http://127.0.0.1:8080/", "http://127.0.0.1:8080/v1/chat/completions"),
+        ("http://localhost:11434/v1", "http://localhost:11434/v1/chat/completions"),
+        ("https://api.example.com/v1/", "https://api.example.com/v1/chat/completions"),
+        ("https://gw.example.com/llm", "https://gw.example.com/llm/v1/chat/completions"),
+        (
+            "https://gw.example.com/v1/chat/completions",
+            "https://gw.example.com/v1/chat/completions",
+        ),
+    ],
+)
+def test_the_endpoint_is_found_from_the_base_url(base_url: str, endpoint: str) -> None:
+    assert chat_completions_url(base_url) == endpoint
+
+
+@pytest.mark.parametrize("base_url", ["localhost:8080", "ftp://example.com", "http://"])
+def test_a_base_url_that_is_not_http_is_refused(base_url: str) -> None:
+    with pytest.raises(ValueError):
+        OpenAIGenerator(base_url, "m")
