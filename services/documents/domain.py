@@ -188,6 +188,8 @@ def mark_deleted(s: Session, tenant_id: str, document_id: str) -> DocumentRecord
     now = utcnow()
     row.delete_time = now
     row.update_time = now
+    # The request_id is free again: a later upload reusing it is a new document.
+    row.request_id = None
     row.enqueue_time = now
     row.chunk_count = 0
     s.flush()

@@ -96,8 +96,11 @@ async def store_upload(
     meta: UploadMetadata,
     upload: SpooledUpload,
 ) -> DocumentRecord:
-    """Stores bytes and row; the task is sent only once the row is committed."""
-    await db.run(lambda s: domain.check_assistant(s, tenant_id, meta.assistant_id))
+    """Stores bytes and row; the task is sent only once the row is committed.
+
+    The assistant is checked again inside the insert's transaction, so one deleted while the
+    bytes streamed in leaves no row, and the stored object is removed.
+    """
     if meta.request_id:
         previous = await db.run(lambda s: domain.find_by_request_id(s, tenant_id, meta.request_id))
         if previous is not None:

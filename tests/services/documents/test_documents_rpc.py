@@ -176,6 +176,11 @@ async def test_request_id_returns_the_first_document(docs, api_key, assistant_id
         await upload(docs, api_key, assistant_id, "a.txt", b"other bytes", request_id=rid)
     assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
 
+    # Deleting the document frees its request_id for a new upload.
+    await docs.DeleteDocument(pb.DeleteDocumentRequest(id=first.id), metadata=bearer(api_key))
+    third = await upload(docs, api_key, assistant_id, "a.txt", b"other bytes", request_id=rid)
+    assert third.id != first.id
+
 
 @pytest.mark.parametrize(
     ("name", "data", "needle"),
