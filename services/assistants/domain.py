@@ -74,6 +74,10 @@ def validate_display_name(name: str) -> str:
         raise InvalidArgument(
             "assistant.display_name", f"display_name must be at most {MAX_NAME_CHARS} characters"
         )
+    if any(ord(c) < 32 for c in stripped):
+        raise InvalidArgument(
+            "assistant.display_name", "display_name must not contain control characters"
+        )
     return stripped
 
 
@@ -100,6 +104,12 @@ def validate_settings(settings: AssistantSettings) -> None:
             "assistant.settings.system_prompt",
             f"system_prompt must be at most {MAX_SYSTEM_PROMPT_CHARS} characters",
         )
+    for name in ("system_prompt", "model"):
+        if "\x00" in getattr(settings, name):
+            # Postgres text cannot hold NUL; refuse it here rather than fail in SQL.
+            raise InvalidArgument(
+                f"assistant.settings.{name}", f"{name} must not contain NUL characters"
+            )
     if len(settings.model) > 200:
         raise InvalidArgument("assistant.settings.model", "model must be at most 200 characters")
 
@@ -145,8 +155,10 @@ def create_assistant(
     settings_changes: dict[str, Any],
     request_id: str = "",
 ) -> AssistantRecord:
-    if len(request_id) > 128:
-        raise InvalidArgument("request_id", "request_id must be at most 128 characters")
+    if len(request_id) > 128 or any(ord(c) < 32 for c in request_id):
+        raise InvalidArgument(
+            "request_id", "request_id must be at most 128 characters, without control characters"
+        )
     name = validate_display_name(display_name)
     settings = apply_settings(DEFAULT_SETTINGS, settings_changes)
     if request_id:

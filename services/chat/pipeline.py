@@ -121,6 +121,8 @@ def validate(inp: ChatInput) -> None:
     for i, m in enumerate(inp.messages):
         if m.role not in ROLES:
             raise InvalidArgument(f"messages[{i}].role", "role must be SYSTEM, USER or ASSISTANT")
+        if "\x00" in m.content:
+            raise InvalidArgument(f"messages[{i}].content", "a message must not contain NUL")
         if len(m.content) > MAX_MESSAGE_CHARS:
             raise InvalidArgument(
                 f"messages[{i}].content", f"a message is at most {MAX_MESSAGE_CHARS} characters"
@@ -128,8 +130,10 @@ def validate(inp: ChatInput) -> None:
     last = inp.messages[-1]
     if last.role != "user" or not last.content.strip():
         raise InvalidArgument("messages", "the last message must be a non-empty USER message")
-    if len(inp.request_id) > 128:
-        raise InvalidArgument("request_id", "request_id must be at most 128 characters")
+    if len(inp.request_id) > 128 or any(ord(c) < 32 for c in inp.request_id):
+        raise InvalidArgument(
+            "request_id", "request_id must be at most 128 characters, without control characters"
+        )
     o = inp.options
     if o.temperature is not None and not 0.0 <= o.temperature <= 2.0:
         raise InvalidArgument("options.temperature", "temperature must be between 0 and 2")

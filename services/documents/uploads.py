@@ -66,6 +66,11 @@ def validate_metadata(meta: UploadMetadata) -> UploadMetadata:
         raise InvalidArgument("metadata.assistant_id", "assistant_id is required")
     if len(meta.request_id) > 128:
         raise InvalidArgument("metadata.request_id", "request_id must be at most 128 characters")
+    for field in ("assistant_id", "content_type", "request_id"):
+        if any(ord(c) < 32 for c in getattr(meta, field)):
+            raise InvalidArgument(
+                f"metadata.{field}", f"{field} must not contain control characters"
+            )
     if len(meta.content_type) > 255:
         raise InvalidArgument(
             "metadata.content_type", "content_type must be at most 255 characters"

@@ -169,6 +169,12 @@ async def test_request_id_deduplicates_creates(stub, api_key):
         (pb.Assistant(display_name=""), "assistant.display_name"),
         (pb.Assistant(display_name="   "), "assistant.display_name"),
         (pb.Assistant(display_name="x" * 201), "assistant.display_name"),
+        (pb.Assistant(display_name="bad\x00name"), "assistant.display_name"),
+        (pb.Assistant(display_name="two\nlines"), "assistant.display_name"),
+        (
+            pb.Assistant(display_name="a", settings=pb.AssistantSettings(system_prompt="\x00")),
+            "assistant.settings.system_prompt",
+        ),
         (
             pb.Assistant(display_name="a", settings=pb.AssistantSettings(top_k=-1)),
             "assistant.settings.top_k",

@@ -282,6 +282,13 @@ async def test_link_modes(chat, channel, api_key, settings):
         (
             pb.CompleteRequest(
                 assistant_id="ASSISTANT",
+                messages=[pb.ChatMessage(role=pb.ROLE_USER, content="nul\x00byte?")],
+            ),
+            "messages[0].content",
+        ),
+        (
+            pb.CompleteRequest(
+                assistant_id="ASSISTANT",
                 messages=[pb.ChatMessage(role=pb.ROLE_USER, content="hi?")],
                 options=pb.CompletionOptions(citation_style=42),
             ),

@@ -240,6 +240,16 @@ async def test_empty_upload_is_invalid(docs, api_key, assistant_id):
         (
             lambda aid: [
                 pb.UploadDocumentRequest(
+                    metadata=pb.UploadDocumentMetadata(
+                        assistant_id=aid, display_name="x", content_type="text/plain\x00"
+                    )
+                )
+            ],
+            "metadata.content_type",
+        ),
+        (
+            lambda aid: [
+                pb.UploadDocumentRequest(
                     metadata=pb.UploadDocumentMetadata(assistant_id=aid, display_name="x")
                 ),
                 pb.UploadDocumentRequest(
