@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import grpc
 import psutil
@@ -29,10 +30,21 @@ KEY = re.compile(r"^footnote: api key (\S+)$")
 def dev_state() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="fnd", dir="/tmp"))
     yield path
+    # A failed assertion must not leave a whole stack running: stop what is still up.
+    for proc in DevProcess.started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    DevProcess.started.clear()
     shutil.rmtree(path, ignore_errors=True)
 
 
 class DevProcess:
+    started: ClassVar[list[subprocess.Popen[str]]] = []
+
     def __init__(self, state_dir: Path, env: dict[str, str] | None = None) -> None:
         clean_env = {k: v for k, v in os.environ.items() if not k.startswith("FOOTNOTE_")}
         self.proc = subprocess.Popen(
@@ -42,6 +54,7 @@ class DevProcess:
             env={**clean_env, **(env or {})},
             text=True,
         )
+        DevProcess.started.append(self.proc)
         self.target, self.key = self.wait_ready()
 
     def wait_ready(self, timeout: float = 120.0) -> tuple[str, str]:
