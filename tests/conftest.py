@@ -19,6 +19,7 @@ import pytest
 
 from footnote.v1 import assistants_service_pb2 as apb
 from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
+from footnote.v1 import chat_service_pb2_grpc as chat_pb_grpc
 from footnote.v1 import documents_service_pb2_grpc as dpb_grpc
 from services import auth
 from services.config import Settings
@@ -230,3 +231,10 @@ async def assistant_id(channel: grpc.aio.Channel, api_key: str) -> str:
         metadata=(("authorization", f"Bearer {api_key}"),),
     )
     return created.id
+
+
+@pytest.fixture
+async def llm_chat(llm_target: str) -> AsyncIterator[chat_pb_grpc.ChatServiceStub]:
+    """ChatService on the server of the module's own llm_target fixture."""
+    async with grpc.aio.insecure_channel(llm_target) as channel:
+        yield chat_pb_grpc.ChatServiceStub(channel)

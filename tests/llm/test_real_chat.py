@@ -5,13 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import grpc
 import pytest
 
 from footnote.v1 import assistants_service_pb2 as apb
 from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
 from footnote.v1 import chat_service_pb2 as pb
-from footnote.v1 import chat_service_pb2_grpc as pb_grpc
 from services.llm.local import LocalLLM
 from tests.conftest import running_server
 from tests.llm.conftest import busy_slots
@@ -39,12 +37,6 @@ async def llm_target(settings, llama_server: LocalLLM) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def chat(llm_target) -> AsyncIterator[pb_grpc.ChatServiceStub]:
-    async with grpc.aio.insecure_channel(llm_target) as channel:
-        yield pb_grpc.ChatServiceStub(channel)
-
-
-@pytest.fixture
 async def capitals(channel, docs, api_key) -> str:
     made = await apb_grpc.AssistantsServiceStub(channel).CreateAssistant(
         apb.CreateAssistantRequest(
@@ -67,9 +59,9 @@ def question(assistant_id: str, text: str) -> pb.CompleteRequest:
     )
 
 
-async def test_streamed_answer_cites_the_right_documents(chat, api_key, capitals):
+async def test_streamed_answer_cites_the_right_documents(llm_chat, api_key, capitals):
     request = question(capitals, "What are the capitals of France and Japan?")
-    events = [e async for e in chat.StreamComplete(request, metadata=bearer(api_key))]
+    events = [e async for e in llm_chat.StreamComplete(request, metadata=bearer(api_key))]
     kinds = [e.WhichOneof("event") for e in events]
     assert kinds[-1] == "complete" and kinds.count("complete") == 1
     assert kinds.count("delta") > 1, "the answer did not stream"
@@ -83,8 +75,8 @@ async def test_streamed_answer_cites_the_right_documents(chat, api_key, capitals
     assert complete.usage.completion_tokens > 0 and complete.usage.prompt_tokens > 0
 
 
-async def test_cancelling_the_stream_stops_the_model(chat, api_key, capitals, llama_server):
-    call = chat.StreamComplete(
+async def test_cancelling_the_stream_stops_the_model(llm_chat, api_key, capitals, llama_server):
+    call = llm_chat.StreamComplete(
         question(capitals, "Describe France and Japan in as much detail as you can."),
         metadata=bearer(api_key),
     )

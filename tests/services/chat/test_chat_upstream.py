@@ -17,7 +17,6 @@ from aiohttp import web
 from footnote.v1 import assistants_service_pb2 as apb
 from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
 from footnote.v1 import chat_service_pb2 as pb
-from footnote.v1 import chat_service_pb2_grpc as pb_grpc
 from footnote.v1 import documents_service_pb2_grpc as dpb_grpc
 from services.chat.pipeline import CITE_REMINDER
 from tests.conftest import running_server
@@ -111,12 +110,6 @@ async def llm_target(settings, upstream) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def chat(llm_target) -> AsyncIterator[pb_grpc.ChatServiceStub]:
-    async with grpc.aio.insecure_channel(llm_target) as channel:
-        yield pb_grpc.ChatServiceStub(channel)
-
-
-@pytest.fixture
 async def capitals(channel, api_key) -> str:
     made = await apb_grpc.AssistantsServiceStub(channel).CreateAssistant(
         apb.CreateAssistantRequest(
@@ -133,19 +126,19 @@ async def capitals(channel, api_key) -> str:
     return made.id
 
 
-async def run(chat, key, assistant, question, **options):
+async def run(llm_chat, key, assistant, question, **options):
     request = pb.CompleteRequest(
         assistant_id=assistant,
         messages=[pb.ChatMessage(role=pb.ROLE_USER, content=question)],
         options=pb.CompletionOptions(**options),
     )
-    events = [e async for e in chat.StreamComplete(request, metadata=bearer(key))]
+    events = [e async for e in llm_chat.StreamComplete(request, metadata=bearer(key))]
     assert [e.WhichOneof("event") for e in events].count("complete") == 1
     assert events[-1].WhichOneof("event") == "complete"
     complete = events[-1].complete
     joined = "".join(e.delta.content for e in events if e.WhichOneof("event") == "delta")
     assert joined == complete.message.content
-    unary = await chat.Complete(request, metadata=bearer(key))
+    unary = await llm_chat.Complete(request, metadata=bearer(key))
     assert unary.message.content == complete.message.content
     assert unary.citations.referenced_indices == complete.citations.referenced_indices
     return complete
@@ -168,9 +161,9 @@ async def run(chat, key, assistant, question, **options):
     ],
 )
 async def test_crafted_answers_give_exact_citations(
-    chat, api_key, capitals, question, referenced, invalid, spans
+    llm_chat, api_key, capitals, question, referenced, invalid, spans
 ):
-    complete = await run(chat, api_key, capitals, question)
+    complete = await run(llm_chat, api_key, capitals, question)
     text = "".join(SCRIPTS[question])
     assert complete.message.content == text
     c = complete.citations
@@ -182,19 +175,21 @@ async def test_crafted_answers_give_exact_citations(
     assert complete.usage.prompt_tokens == 50 and complete.usage.completion_tokens == 9
 
 
-async def test_invalid_markers_can_be_stripped(chat, api_key, capitals):
-    complete = await run(chat, api_key, capitals, "valid and invalid", strip_invalid_markers=True)
+async def test_invalid_markers_can_be_stripped(llm_chat, api_key, capitals):
+    complete = await run(
+        llm_chat, api_key, capitals, "valid and invalid", strip_invalid_markers=True
+    )
     assert complete.message.content == "Paris is in France [1]. Tokyo is in Japan [2]."
     assert list(complete.citations.invalid_indices) == [99]
     assert list(complete.citations.referenced_indices) == [1, 2]
 
 
-async def test_upstream_error_is_unavailable_not_an_answer(chat, api_key, capitals, upstream):
+async def test_upstream_error_is_unavailable_not_an_answer(llm_chat, api_key, capitals, upstream):
     fake, _ = upstream
     fake.fail_status = 500
     try:
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await chat.Complete(
+            await llm_chat.Complete(
                 pb.CompleteRequest(
                     assistant_id=capitals,
                     messages=[pb.ChatMessage(role=pb.ROLE_USER, content="list")],
@@ -208,10 +203,10 @@ async def test_upstream_error_is_unavailable_not_an_answer(chat, api_key, capita
     assert info.reason.startswith("LLM_") and "boom" not in err.value.details()
 
 
-async def test_cancelled_stream_closes_the_upstream_request(chat, api_key, capitals, upstream):
+async def test_cancelled_stream_closes_the_upstream_request(llm_chat, api_key, capitals, upstream):
     fake, _ = upstream
     fake.disconnected.clear()
-    call = chat.StreamComplete(
+    call = llm_chat.StreamComplete(
         pb.CompleteRequest(
             assistant_id=capitals,
             messages=[pb.ChatMessage(role=pb.ROLE_USER, content="forever")],
