@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,6 +36,7 @@ from services.documents.servicer import DocumentsServicer
 from services.http import create_http_app, start_http
 from services.llm.base import Generator
 from services.llm.factory import create_generator
+from services.ports import free_port
 from services.retrieval.embeddings import Embedder, create_embedder
 from services.rpc import FootnoteInterceptor
 from services.storage import Storage
@@ -195,12 +195,6 @@ async def serve(
         await server.stop(settings.shutdown_grace_seconds)
         await http_runner.cleanup()
         await deps.aclose()
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

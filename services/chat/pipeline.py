@@ -17,7 +17,7 @@ from services.assistants.domain import get_assistant as load_assistant
 from services.chat import history
 from services.chat.gate import needs_retrieval
 from services.chat.history import Turn
-from services.chat.links import present_citations
+from services.chat.links import document_links, presented
 from services.chat.snapshot import citations_from_json, citations_to_json
 from services.citations import (
     CitationEvent,
@@ -304,9 +304,13 @@ class ChatEngine:
     async def present(
         self, citations: Citations, settings: AssistantSettings, style: CitationStyle
     ) -> Citations:
-        return await present_citations(
-            citations, settings.citation_link_mode, style, self.signer, self.public_base_url
+        links = await document_links(
+            (source.document_id for source in citations.sources),
+            settings.citation_link_mode,
+            self.signer,
+            self.public_base_url,
         )
+        return presented(citations, links, style)
 
     async def replay(self, stored: history.StoredAnswer, settings: AssistantSettings) -> ChatResult:
         r = stored.response

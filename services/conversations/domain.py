@@ -84,7 +84,7 @@ def list_conversations(
 
 def list_messages(
     s: Session, tenant_id: str, conversation_id: str, requested_size: int, token: str
-) -> tuple[list[MessageRecord], str]:
+) -> tuple[ConversationRecord, list[MessageRecord], str]:
     conversation = find_conversation(s, tenant_id, conversation_id, field="conversation_id")
     size = page_size(requested_size, default=50)
     kind = f"messages:{conversation.id}"
@@ -111,7 +111,7 @@ def list_messages(
         )
         for r in rows
     ]
-    return records, next_token
+    return to_conversation(conversation), records, next_token
 
 
 def current_versions(

@@ -6,17 +6,18 @@ import dataclasses
 from functools import partial
 
 import grpc
+from sqlalchemy.orm import Session
 
 from footnote.v1 import chat_service_pb2 as chat_pb
 from footnote.v1 import conversations_service_pb2 as pb
 from footnote.v1 import conversations_service_pb2_grpc as pb_grpc
 from services.assistants.domain import AssistantRecord, get_assistant
 from services.chat.convert import citations_to_proto
-from services.chat.links import present_citations
+from services.chat.links import document_links, presented
 from services.chat.snapshot import citations_from_json
-from services.citations import Citations, CitationStyle, DocumentVersion, mark_stale
+from services.citations import DocumentVersion, mark_stale
 from services.conversations import domain
-from services.conversations.domain import ConversationRecord, MessageRecord
+from services.conversations.domain import ConversationRecord
 from services.db.session import Database
 from services.documents.links import LinkSigner
 from services.rpc import principal, to_timestamp
@@ -77,7 +78,7 @@ class ConversationsServicer(pb_grpc.ConversationsServiceServicer):
         self, request: pb.ListMessagesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListMessagesResponse:
         tenant = principal().tenant_id
-        records, token = await self.db.run(
+        conversation, records, token = await self.db.run(
             partial(
                 domain.list_messages,
                 tenant_id=tenant,
@@ -86,48 +87,31 @@ class ConversationsServicer(pb_grpc.ConversationsServiceServicer):
                 token=request.page_token,
             )
         )
-        conversation = await self.db.run(
-            partial(
-                domain.get_conversation, tenant_id=tenant, conversation_id=request.conversation_id
-            )
-        )
-        # Links follow the assistant's link mode as it is now, not as it was.
-        assistant = await self.db.run(
-            partial(get_assistant, tenant_id=tenant, assistant_id=conversation.assistant_id)
-        )
         snapshots = {r.id: citations_from_json(r.citations) for r in records if r.citations}
         document_ids = {s.document_id for c, _ in snapshots.values() for s in c.sources}
-        current = await self.db.run(
-            partial(domain.current_versions, tenant_id=tenant, document_ids=document_ids)
+
+        def lookups(s: Session) -> tuple[AssistantRecord, dict[str, DocumentVersion]]:
+            assistant = get_assistant(s, tenant, conversation.assistant_id)
+            return assistant, domain.current_versions(s, tenant, document_ids)
+
+        assistant, current = await self.db.run(lookups)
+        # Links follow the assistant's link mode as it is now, and the whole page is signed
+        # in one round trip to the links pool.
+        links = await document_links(
+            document_ids, assistant.settings.citation_link_mode, self.signer, self.public_base_url
         )
         messages = []
         for record in records:
-            messages.append(await self.message_to_proto(record, snapshots, current, assistant))
-        return pb.ListMessagesResponse(messages=messages, next_page_token=token)
-
-    async def message_to_proto(
-        self,
-        record: MessageRecord,
-        snapshots: dict[str, tuple[Citations, CitationStyle]],
-        current: dict[str, DocumentVersion],
-        assistant: AssistantRecord,
-    ) -> pb.Message:
-        message = pb.Message(
-            id=record.id,
-            conversation_id=record.conversation_id,
-            role=ROLE_TO_PROTO.get(record.role, chat_pb.ROLE_UNSPECIFIED),
-            content=record.content,
-            create_time=to_timestamp(record.create_time),
-        )
-        if record.id in snapshots:
-            stored, style = snapshots[record.id]
-            stored = dataclasses.replace(stored, sources=mark_stale(stored.sources, current))
-            shown = await present_citations(
-                stored,
-                assistant.settings.citation_link_mode,
-                style,
-                self.signer,
-                self.public_base_url,
+            message = pb.Message(
+                id=record.id,
+                conversation_id=record.conversation_id,
+                role=ROLE_TO_PROTO.get(record.role, chat_pb.ROLE_UNSPECIFIED),
+                content=record.content,
+                create_time=to_timestamp(record.create_time),
             )
-            message.citations.CopyFrom(citations_to_proto(shown))
-        return message
+            if record.id in snapshots:
+                stored, style = snapshots[record.id]
+                stored = dataclasses.replace(stored, sources=mark_stale(stored.sources, current))
+                message.citations.CopyFrom(citations_to_proto(presented(stored, links, style)))
+            messages.append(message)
+        return pb.ListMessagesResponse(messages=messages, next_page_token=token)

@@ -16,7 +16,7 @@ from services.errors import Unavailable
 @dataclass(frozen=True)
 class Link:
     url: str
-    expire_time: datetime
+    expire_time: datetime | None = None  # None for links that do not expire
 
 
 class LinkSigner:

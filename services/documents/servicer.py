@@ -51,10 +51,8 @@ def document_to_proto(record: DocumentRecord) -> pb.Document:
     )
 
 
-async def upload_chunks(
-    first: pb.UploadDocumentRequest, rest: AsyncIterator[pb.UploadDocumentRequest]
-) -> AsyncIterator[bytes]:
-    del first  # the metadata message carries no bytes
+async def upload_chunks(rest: AsyncIterator[pb.UploadDocumentRequest]) -> AsyncIterator[bytes]:
+    """The bytes of the messages after the metadata one."""
     async for message in rest:
         if message.WhichOneof("payload") != "chunk":
             raise InvalidArgument("metadata", "only the first upload message may carry metadata")
@@ -104,7 +102,7 @@ class DocumentsServicer(pb_grpc.DocumentsServiceServicer):
         tenant = principal().tenant_id
         # The assistant is checked before the bytes flow, so a typo fails fast.
         await self.db.run(lambda s: domain.check_assistant(s, tenant, meta.assistant_id))
-        upload = await spool(upload_chunks(first, stream), self.max_upload_bytes)
+        upload = await spool(upload_chunks(stream), self.max_upload_bytes)
         with upload.file:
             record = await store_upload(
                 self.db, self.storage, self.send_ingest, tenant, meta, upload

@@ -9,7 +9,6 @@ import hashlib
 import json
 import logging
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 import httpx
+
+from services.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def prepare_local_llm(
     """Finds llama-server, assembles the model under the state dir (once), and picks a port."""
     binary = llama_server_binary()
     model_path = assemble_model(Path(state_dir).expanduser().absolute() / "models" / MODEL_FILE)
-    port = port or free_port()
+    port = port or free_port(HOST)
     return LocalLLM(
         args=llama_server_args(binary, model_path, port, ctx_size=ctx_size, threads=threads),
         base_url=f"http://{HOST}:{port}",
@@ -248,13 +249,6 @@ def usable_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
-
-
-def free_port() -> int:
-    """A loopback port that is free now (llama-server binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def _is_assembled(dest: Path, manifest_path: Path, identity: list[dict[str, object]]) -> bool:

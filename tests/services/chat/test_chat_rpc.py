@@ -224,26 +224,29 @@ async def test_request_id_replays_the_stored_answer(chat, api_key, corpus):
 
 
 async def test_link_modes(chat, channel, api_key, settings):
-    stub = apb_grpc.AssistantsServiceStub(channel)
     docs = dpb_grpc.DocumentsServiceStub(channel)
+    history = hpb_grpc.ConversationsServiceStub(channel)
     for mode in (apb.CITATION_LINK_MODE_AUTHENTICATED, apb.CITATION_LINK_MODE_PUBLIC):
         assistant = await make_assistant(channel, api_key, citation_link_mode=mode)
         leave = await ingest(docs, api_key, assistant, "leave.md", LEAVE)
         reply = await chat.Complete(ask(assistant), metadata=bearer(api_key))
-        cited = [
-            s for s in reply.citations.sources if s.index in reply.citations.referenced_indices
-        ]
-        assert cited
-        for source in cited:
-            if mode == apb.CITATION_LINK_MODE_AUTHENTICATED:
-                assert source.download_url.endswith(f"/v1/documents/{leave.id}/download")
-                assert not source.HasField("download_url_expire_time")
-            else:
-                assert source.HasField("download_url_expire_time")
-                async with httpx.AsyncClient(timeout=10) as http:
-                    got = await http.get(source.download_url)
-                assert got.status_code == 200 and got.content == LEAVE
-    del stub
+        page = await history.ListMessages(
+            hpb.ListMessagesRequest(conversation_id=reply.conversation_id),
+            metadata=bearer(api_key),
+        )
+        # The answer and its history both carry links, signed when each was served.
+        for citations in (reply.citations, page.messages[1].citations):
+            cited = [s for s in citations.sources if s.index in citations.referenced_indices]
+            assert cited
+            for source in cited:
+                if mode == apb.CITATION_LINK_MODE_AUTHENTICATED:
+                    assert source.download_url.endswith(f"/v1/documents/{leave.id}/download")
+                    assert not source.HasField("download_url_expire_time")
+                else:
+                    assert source.HasField("download_url_expire_time")
+                    async with httpx.AsyncClient(timeout=10) as http:
+                        got = await http.get(source.download_url)
+                    assert got.status_code == 200 and got.content == LEAVE
 
 
 @pytest.mark.parametrize(
