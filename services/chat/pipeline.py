@@ -20,12 +20,12 @@ from services.chat.history import Turn
 from services.chat.links import document_links, presented
 from services.chat.snapshot import citations_from_json, citations_to_json
 from services.citations import (
-    CitationEvent,
     Citations,
     CitationStyle,
     Delta,
     MarkerBuffer,
     RetrievedChunk,
+    StreamEvent,
     build_context,
     build_manifest,
     finalize_extraction,
@@ -109,6 +109,14 @@ class AnswerComplete:
 
 
 AnswerEvent = AnswerDelta | AnswerCitation | AnswerComplete
+
+
+def answer_events(events: Sequence[StreamEvent]) -> list[AnswerEvent]:
+    """The marker buffer's events as the pipeline's own."""
+    return [
+        AnswerDelta(e.text) if isinstance(e, Delta) else AnswerCitation(e.index, e.end)
+        for e in events
+    ]
 
 
 def validate(inp: ChatInput) -> None:
@@ -207,30 +215,22 @@ class ChatEngine:
         )
 
         buffer = MarkerBuffer(len(manifest.sources), strip_invalid=inp.options.strip_invalid)
-        pieces: list[str] = []
+        pieces: list[str] = []  # the answer as generated, used when there is no buffer
         finished = Finished()
         async for event in self.generator.generate(request):
             if isinstance(event, Finished):
                 finished = event
                 break
-            if not cite:
+            if cite:
+                for out in answer_events(buffer.feed(event.text)):
+                    yield out
+            else:
                 pieces.append(event.text)
                 yield AnswerDelta(event.text)
-                continue
-            for out in buffer.feed(event.text):
-                if isinstance(out, Delta):
-                    pieces.append(out.text)
-                    yield AnswerDelta(out.text)
-                elif isinstance(out, CitationEvent):
-                    yield AnswerCitation(out.index, out.end)
         citations = None
         if cite:
-            for out in buffer.finish():
-                if isinstance(out, Delta):
-                    pieces.append(out.text)
-                    yield AnswerDelta(out.text)
-                elif isinstance(out, CitationEvent):
-                    yield AnswerCitation(out.index, out.end)
+            for out in answer_events(buffer.finish()):
+                yield out
             text, citations = finalize_extraction(buffer.result(), manifest.sources)
             snapshot = citations_to_json(citations, inp.options.style)
         else:
