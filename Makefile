@@ -17,7 +17,7 @@ setup: $(STAMP) $(GENERATED)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade "pip>=24"
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,embedded]"
 	touch $@
 
 # The generated stubs are not committed: they are rebuilt whenever a .proto changes.
@@ -37,15 +37,15 @@ lint: setup
 	@if git rev-parse --verify -q main >/dev/null && git cat-file -e main:proto/buf.yaml 2>/dev/null; then \
 		cd proto && ../$(BIN)/buf breaking --against '../.git#branch=main,subdir=proto'; \
 	fi
-	$(BIN)/ruff check services workers tests bench
-	$(BIN)/ruff format --check services workers tests bench
+	$(BIN)/ruff check services workers devstack footnote tests bench
+	$(BIN)/ruff format --check services workers devstack footnote tests bench
 
 test: setup
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The llm extra builds llama.cpp from source the first time (about 12 minutes on 2 cores).
 $(LLM_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,llm]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,embedded,llm]"
 	touch $@
 
 test-llm: setup $(LLM_STAMP)

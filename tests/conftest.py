@@ -17,6 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from devstack.dev import settings_with_endpoints
+from devstack.stack import EmbeddedStack
 from footnote.v1 import assistants_service_pb2 as apb
 from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
 from footnote.v1 import chat_service_pb2_grpc as chat_pb_grpc
@@ -25,9 +27,7 @@ from services import auth
 from services.config import Settings
 from services.db import migrate
 from services.db.session import Database, make_engine
-from services.dev import settings_with_endpoints
 from services.server import Deps, create_server, mark_serving
-from services.stack import EmbeddedStack
 from services.storage import Storage
 
 
@@ -77,7 +77,7 @@ def start_worker(
             [
                 sys.executable,
                 "-m",
-                "services.cli",
+                "footnote.cli",
                 "worker",
                 "--queues",
                 queues,

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.llm import local
-from services.llm.local import LocalLLM, LocalLLMError
+from devstack import local_llm as local
+from devstack.local_llm import LocalLLM, LocalLLMError
 
 STARTUP_SECONDS = 180.0
 

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from devstack.local_llm import LocalLLM
 from footnote.v1 import assistants_service_pb2 as apb
 from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
 from footnote.v1 import chat_service_pb2 as pb
-from services.llm.local import LocalLLM
 from tests.conftest import running_server
 from tests.llm.conftest import busy_slots
 from tests.support import bearer, ingest

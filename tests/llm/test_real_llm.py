@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from devstack import local_llm as local
+from devstack.local_llm import LocalLLM, LocalLLMError, ModelPart, assemble_model
 from services.citations.context import CITATION_INSTRUCTIONS
 from services.citations.extract import extract
-from services.llm import local
 from services.llm.base import Finished, FinishReason, GenerationRequest, PromptMessage, TextPiece
-from services.llm.local import LocalLLM, LocalLLMError, ModelPart, assemble_model
 from services.llm.openai_compat import OpenAIGenerator
 from tests.llm.conftest import busy_slots
 

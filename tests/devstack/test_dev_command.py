@@ -48,7 +48,7 @@ class DevProcess:
     def __init__(self, state_dir: Path, env: dict[str, str] | None = None) -> None:
         clean_env = {k: v for k, v in os.environ.items() if not k.startswith("FOOTNOTE_")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "dev", "--state-dir", str(state_dir)],
+            [sys.executable, "-m", "footnote.cli", "dev", "--state-dir", str(state_dir)],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env={**clean_env, **(env or {})},
@@ -108,7 +108,7 @@ def test_dev_starts_serves_stops_and_keeps_data(dev_state):
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "footnote.cli",
             "upload",
             str(handbook),
             "--assistant",

@@ -12,7 +12,7 @@ import psutil
 def test_demo_streams_a_cited_answer_and_stops_everything(tmp_path):
     before = {p.pid for p in psutil.process_iter()}
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "demo", "--state-dir", str(tmp_path / "s")],
+        [sys.executable, "-m", "footnote.cli", "demo", "--state-dir", str(tmp_path / "s")],
         capture_output=True,
         text=True,
         timeout=300,

@@ -20,7 +20,8 @@ import pytest
 import redis
 from minio import Minio
 
-from services.stack import EmbeddedStack, Endpoints, StackError, is_alive, running_pids
+from devstack.processes import is_alive
+from devstack.stack import EmbeddedStack, Endpoints, StackError, running_pids
 
 
 @pytest.fixture
@@ -181,7 +182,7 @@ HARD_KILLED_PARENT = """
 import json, sys
 from pathlib import Path
 import psutil
-from services.stack import EmbeddedStack
+from devstack.stack import EmbeddedStack
 
 stack = EmbeddedStack(Path(sys.argv[1]))
 stack.start()

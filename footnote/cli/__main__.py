@@ -1,0 +1,3 @@
+from footnote.cli.main import app
+
+app()
