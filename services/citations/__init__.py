@@ -2,9 +2,9 @@
 
 from services.citations.context import build_context, source_label
 from services.citations.extract import Extraction, Marker, extract
-from services.citations.finalize import finalize, finalize_extraction
-from services.citations.manifest import Manifest, build_manifest, make_excerpt, normalize_score
-from services.citations.spans import SupportScorer, build_spans
+from services.citations.finalize import finalize_extraction
+from services.citations.manifest import Manifest, build_manifest, make_excerpt
+from services.citations.spans import build_spans
 from services.citations.stale import DocumentVersion, is_stale, mark_stale, version_of
 from services.citations.stream import CitationEvent, Delta, MarkerBuffer, StreamEvent
 from services.citations.styles import apply_style, format_source
@@ -14,7 +14,6 @@ from services.citations.types import (
     CitationSource,
     CitationSpan,
     CitationStyle,
-    RerankScale,
     RetrievedChunk,
     ScoreKind,
     SourceLocation,
@@ -34,25 +33,21 @@ __all__ = [
     "Manifest",
     "Marker",
     "MarkerBuffer",
-    "RerankScale",
     "RetrievedChunk",
     "ScoreKind",
     "SourceLocation",
     "StreamEvent",
-    "SupportScorer",
     "apply_style",
     "build_context",
     "build_manifest",
     "build_spans",
     "extract",
-    "finalize",
     "finalize_extraction",
     "format_source",
     "is_stale",
     "join_heading",
     "make_excerpt",
     "mark_stale",
-    "normalize_score",
     "source_label",
     "version_of",
 ]

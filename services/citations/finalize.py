@@ -4,36 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.citations.extract import Extraction, extract
-from services.citations.spans import SupportScorer, build_spans
+from services.citations.extract import Extraction
+from services.citations.spans import build_spans
 from services.citations.types import Citations, CitationSource
 
 
-def finalize(
-    answer_text: str,
-    sources: Sequence[CitationSource],
-    *,
-    strip_invalid: bool = False,
-    support: SupportScorer | None = None,
+def finalize_extraction(
+    extraction: Extraction, sources: Sequence[CitationSource]
 ) -> tuple[str, Citations]:
-    """The text to show and its citations, for an answer generated from `sources`.
+    """The text to show and its citations, for text scanned by extract() or MarkerBuffer.
 
     sources are the manifest's, numbered 1..n. Spans are positioned in the returned text.
     """
     _check_numbering(sources)
-    extraction = extract(answer_text, len(sources), strip_invalid=strip_invalid)
-    return finalize_extraction(extraction, sources, support=support)
-
-
-def finalize_extraction(
-    extraction: Extraction,
-    sources: Sequence[CitationSource],
-    *,
-    support: SupportScorer | None = None,
-) -> tuple[str, Citations]:
-    """finalize() for text already scanned, e.g. by MarkerBuffer.result() after streaming."""
-    _check_numbering(sources)
-    spans = build_spans(extraction.text, extraction.markers, sources, support)
+    spans = build_spans(extraction.text, extraction.markers)
     citations = Citations(
         sources=tuple(sources),
         referenced_indices=extraction.referenced_indices,

@@ -6,17 +6,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from services.citations.types import (
-    CitationSource,
-    RerankScale,
-    RetrievedChunk,
-    ScoreKind,
-)
+from services.citations.types import CitationSource, RetrievedChunk
 
 ELLIPSIS = "..."
-# Reciprocal rank fusion as services/retrieval runs it: k = 60 over two lists (vector, text).
-RRF_K = 60
-RRF_LISTS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,15 +27,13 @@ def build_manifest(
     *,
     max_sources: int = 10,
     excerpt_chars: int = 200,
-    rerank_scale: RerankScale = RerankScale.PROBABILITY,
-    rrf_k: int = RRF_K,
-    rrf_lists: int = RRF_LISTS,
 ) -> Manifest:
     """Number the retrieved chunks from 1, best first.
 
     chunks may hold several retrieval rounds one after another. A chunk seen more than once
     keeps its best score: a later stage beats an earlier one (rerank > fused > similarity),
-    then the higher value wins. At most max_sources survive, ranked by normalised score.
+    then the higher value wins. At most max_sources survive, ranked by score. Scores come
+    normalised to [0, 1] by retrieval; anything outside is clamped, and NaN counts as 0.
     """
     if max_sources < 0:
         raise ValueError("max_sources must be >= 0")
@@ -55,21 +45,12 @@ def build_manifest(
         if held is None or _priority(chunk) > _priority(held):
             best[chunk.chunk_id] = chunk
 
-    def normalised(chunk: RetrievedChunk) -> float:
-        return normalize_score(
-            chunk.score,
-            chunk.score_kind,
-            rerank_scale=rerank_scale,
-            rrf_k=rrf_k,
-            rrf_lists=rrf_lists,
-        )
-
     def rank(scored: tuple[float, RetrievedChunk]) -> tuple[float, int, str, int, str]:
         score, chunk = scored
         # Ties fall back to document order, so the same hits always number the same way.
         return (-score, -chunk.score_kind, chunk.document_id, chunk.chunk_index, chunk.chunk_id)
 
-    scored = sorted(((normalised(chunk), chunk) for chunk in best.values()), key=rank)
+    scored = sorted(((_unit(chunk.score), chunk) for chunk in best.values()), key=rank)
     kept = scored[:max_sources]
     sources = tuple(
         CitationSource(
@@ -95,37 +76,8 @@ def _priority(chunk: RetrievedChunk) -> tuple[int, float]:
     return int(chunk.score_kind), (-math.inf if math.isnan(value) else value)
 
 
-def normalize_score(
-    score: float,
-    kind: ScoreKind,
-    *,
-    rerank_scale: RerankScale = RerankScale.PROBABILITY,
-    rrf_k: int = RRF_K,
-    rrf_lists: int = RRF_LISTS,
-) -> float:
-    """Map a raw retrieval score into [0, 1], monotonically within each kind.
-
-    SIMILARITY: cosine similarity clamped to [0, 1] (a negative cosine means unrelated).
-    FUSED: the RRF sum divided by its maximum, rrf_lists / (rrf_k + 1), i.e. a chunk ranked
-    first in every list scores 1. RERANK: a probability is clamped to [0, 1]; a logit goes
-    through the logistic function. NaN scores 0.
-    """
-    value = float(score)
-    if math.isnan(value):
-        return 0.0
-    if kind is ScoreKind.FUSED:
-        value = value * (rrf_k + 1) / max(rrf_lists, 1)
-    elif kind is ScoreKind.RERANK and rerank_scale is RerankScale.LOGIT:
-        value = _logistic(value)
-    return min(1.0, max(0.0, value))
-
-
-def _logistic(x: float) -> float:
-    # Split by sign so exp() never overflows.
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    e = math.exp(x)
-    return e / (1.0 + e)
+def _unit(score: float) -> float:
+    return 0.0 if math.isnan(score) else min(1.0, max(0.0, float(score)))
 
 
 def make_excerpt(text: str, limit: int) -> str:

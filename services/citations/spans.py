@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from services.citations.extract import Marker
-from services.citations.types import CitationSource, CitationSpan
-
-# Scores how well the cited sources support a sentence, in [0, 1]; the default leaves 0.
-SupportScorer = Callable[[str, Sequence[CitationSource]], float]
+from services.citations.types import CitationSpan
 
 _TERMINATOR_RUN = re.compile(r"[.!?…。！？]+")
 _CJK_TERMINATORS = frozenset("。！？")
@@ -29,12 +25,7 @@ _ABBREVIATIONS = frozenset(
 )  # fmt: skip
 
 
-def build_spans(
-    text: str,
-    markers: Sequence[Marker],
-    sources: Sequence[CitationSource] = (),
-    support: SupportScorer | None = None,
-) -> tuple[CitationSpan, ...]:
+def build_spans(text: str, markers: Sequence[Marker]) -> tuple[CitationSpan, ...]:
     """One span per sentence of text that cites at least one valid source.
 
     markers are positioned in text (Extraction.markers). A marker cites the sentence it sits
@@ -43,7 +34,6 @@ def build_spans(
     """
     kept = [m for m in markers if m.end > m.start]
     at = {m.start: m for m in kept}
-    by_index = {source.index: source for source in sources}
     sentences: list[list[int]] = []  # [start, end] pairs
     for start, end in _sentences(text, at, {m.end for m in kept}):
         sentences.append([start, end])
@@ -68,11 +58,7 @@ def build_spans(
         if not indices:
             continue
         cited_text = _without_markers(text, start, end, inside)
-        score = 0.0
-        if support is not None:
-            chosen = [by_index[i] for i in indices if i in by_index]
-            score = _unit(support(cited_text, chosen))
-        spans.append(CitationSpan(start, end, indices, cited_text, score))
+        spans.append(CitationSpan(start, end, indices, cited_text))
     return tuple(spans)
 
 
@@ -176,9 +162,3 @@ def _without_markers(text: str, start: int, end: int, markers: list[Marker]) -> 
             last = " "
     parts.append(text[pos:end])
     return " ".join("".join(parts).split())
-
-
-def _unit(value: float) -> float:
-    if math.isnan(value):
-        return 0.0
-    return min(1.0, max(0.0, float(value)))

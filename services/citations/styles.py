@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from services.citations.context import location_parts
 from services.citations.types import CitationSource, CitationStyle
@@ -16,17 +16,13 @@ _URL_NEEDS_BRACKETS = re.compile(r"[\s()]")
 
 
 def apply_style(
-    sources: Sequence[CitationSource],
-    style: CitationStyle,
-    links: Mapping[int, str] | None = None,
+    sources: Sequence[CitationSource], style: CitationStyle
 ) -> tuple[CitationSource, ...]:
-    """Fill `formatted` for every source. links maps a source index to the URL a MARKDOWN
-    citation points at; without an entry, the source's download_url is used."""
+    """Fill `formatted` for every source; a MARKDOWN citation links to its download_url."""
     labels = footnote_labels(sources)
     styled = []
     for source in sources:
-        link = (links or {}).get(source.index, source.download_url)
-        text = format_source(source, style, link=link, label=labels[source.index])
+        text = format_source(source, style, link=source.download_url, label=labels[source.index])
         styled.append(dataclasses.replace(source, formatted=text))
     return tuple(styled)
 

@@ -14,16 +14,9 @@ HEADING_SEPARATOR = " > "
 class ScoreKind(enum.IntEnum):
     """What produced a retrieval score; a later stage outranks an earlier one."""
 
-    SIMILARITY = 1  # cosine similarity of embeddings, in [-1, 1]
-    FUSED = 2  # reciprocal rank fusion: sum of 1 / (k + rank) over the fused lists
-    RERANK = 3  # cross-encoder relevance, a logit or a probability (see RerankScale)
-
-
-class RerankScale(enum.Enum):
-    """How a reranker reports relevance."""
-
-    PROBABILITY = "probability"  # already in [0, 1] (TEI, Cohere, Jina)
-    LOGIT = "logit"  # raw cross-encoder output, any real number
+    SIMILARITY = 1  # cosine similarity of embeddings
+    FUSED = 2  # reciprocal rank fusion of several ranked lists
+    RERANK = 3  # cross-encoder relevance
 
 
 class CitationStyle(enum.IntEnum):
@@ -68,7 +61,7 @@ class RetrievedChunk:
     content_type: str
     chunk_index: int
     text: str
-    score: float
+    score: float  # in [0, 1], normalised by retrieval (services/retrieval/fusion.py)
     score_kind: ScoreKind
     location: SourceLocation = SourceLocation()
     document_sha256: str = ""

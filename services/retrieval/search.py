@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Row, text
 from sqlalchemy.orm import Session
 
 from services.citations import RetrievedChunk, ScoreKind, SourceLocation, join_heading
-from services.citations.manifest import normalize_score
+from services.retrieval.fusion import fuse, normalize_score
 
-RRF_K = 60
 MIN_CANDIDATES = 20
 
 VECTOR_SQL = text(
@@ -57,24 +55,8 @@ DETAILS_SQL = text(
 )
 
 
-@dataclass(frozen=True)
-class SearchHit:
-    chunk: RetrievedChunk
-    # Cosine similarity to the query, or None when only full-text search found the chunk.
-    similarity: float | None
-
-
 def vector_literal(vector: Sequence[float]) -> str:
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
-
-
-def fuse(rankings: Sequence[Sequence[uuid.UUID]], k: int = RRF_K) -> dict[uuid.UUID, float]:
-    """Reciprocal rank fusion: each list adds 1 / (k + rank) for every id it holds."""
-    scores: dict[uuid.UUID, float] = {}
-    for ranking in rankings:
-        for rank, chunk_id in enumerate(ranking, start=1):
-            scores[chunk_id] = scores.get(chunk_id, 0.0) + 1.0 / (k + rank)
-    return scores
 
 
 def hybrid_search(
@@ -86,7 +68,7 @@ def hybrid_search(
     query_vector: Sequence[float],
     top_k: int,
     score_threshold: float = 0.0,
-) -> list[SearchHit]:
+) -> list[RetrievedChunk]:
     """The best chunks of one assistant's READY documents, best first, with provenance."""
     limit = max(MIN_CANDIDATES, 4 * top_k)
     params = {"tenant": tenant_id, "assistant": uuid.UUID(assistant_id), "limit": limit}
@@ -99,19 +81,12 @@ def hybrid_search(
     fused = fuse([[r.id for r in vector_rows], [r.id for r in text_rows]])
     similarity = {r.id: float(r.similarity) for r in vector_rows}
     ranked = sorted(fused, key=lambda i: (-fused[i], -similarity.get(i, -1.0), i))
-    kept = [
-        i
-        for i in ranked
-        if normalize_score(fused[i], ScoreKind.FUSED, rrf_k=RRF_K, rrf_lists=2) >= score_threshold
-    ][:top_k]
+    scores = {i: normalize_score(fused[i], ScoreKind.FUSED) for i in ranked}
+    kept = [i for i in ranked if scores[i] >= score_threshold][:top_k]
     if not kept:
         return []
     details = {r.id: r for r in s.execute(DETAILS_SQL, {"ids": kept}).all()}
-    return [
-        SearchHit(chunk=to_retrieved(details[i], fused[i]), similarity=similarity.get(i))
-        for i in kept
-        if i in details
-    ]
+    return [to_retrieved(details[i], scores[i]) for i in kept if i in details]
 
 
 def to_retrieved(r: Row[Any], score: float) -> RetrievedChunk:

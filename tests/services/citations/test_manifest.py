@@ -1,19 +1,15 @@
 """Source numbering, de-duplication across rounds, score normalisation and excerpts."""
 
-import math
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.citations import (
-    RerankScale,
     RetrievedChunk,
     ScoreKind,
     SourceLocation,
     build_manifest,
     make_excerpt,
-    normalize_score,
 )
 
 
@@ -40,17 +36,17 @@ def test_sources_are_numbered_from_one_by_score() -> None:
 def test_a_chunk_seen_in_several_rounds_keeps_its_best_stage_then_value() -> None:
     rounds = [
         chunk("a", 0.95, ScoreKind.SIMILARITY),
-        chunk("a", 0.01, ScoreKind.FUSED),
+        chunk("a", 0.31, ScoreKind.FUSED),
         chunk("a", 0.40, ScoreKind.RERANK),
         chunk("a", 0.30, ScoreKind.RERANK),
-        chunk("b", 0.02, ScoreKind.FUSED),
-        chunk("b", 0.03, ScoreKind.FUSED),
+        chunk("b", 0.61, ScoreKind.FUSED),
+        chunk("b", 0.92, ScoreKind.FUSED),
     ]
     manifest = build_manifest(rounds)
     scores = {s.chunk_id: s.score for s in manifest.sources}
     assert len(manifest) == 2
     assert scores["a"] == pytest.approx(0.40)
-    assert scores["b"] == pytest.approx(0.03 * 61 / 2)
+    assert scores["b"] == pytest.approx(0.92)
 
 
 def test_at_most_max_sources_are_kept() -> None:
@@ -75,40 +71,6 @@ def test_source_carries_location_and_document_version() -> None:
     assert source.document_sha256 == "ab" * 32
     assert source.chunk_index == 7
     assert source.download_url == "" and not source.stale and source.formatted == ""
-
-
-@pytest.mark.parametrize(
-    ("score", "kind", "scale", "expected"),
-    [
-        (0.83, ScoreKind.SIMILARITY, RerankScale.PROBABILITY, 0.83),
-        (-0.2, ScoreKind.SIMILARITY, RerankScale.PROBABILITY, 0.0),
-        (1.0000001, ScoreKind.SIMILARITY, RerankScale.PROBABILITY, 1.0),
-        (2 / 61, ScoreKind.FUSED, RerankScale.PROBABILITY, 1.0),
-        (1 / 61, ScoreKind.FUSED, RerankScale.PROBABILITY, 0.5),
-        (0.7, ScoreKind.RERANK, RerankScale.PROBABILITY, 0.7),
-        (0.0, ScoreKind.RERANK, RerankScale.LOGIT, 0.5),
-        (-1000.0, ScoreKind.RERANK, RerankScale.LOGIT, 0.0),
-        (1000.0, ScoreKind.RERANK, RerankScale.LOGIT, 1.0),
-        (math.nan, ScoreKind.SIMILARITY, RerankScale.PROBABILITY, 0.0),
-    ],
-)
-def test_normalize_score(
-    score: float, kind: ScoreKind, scale: RerankScale, expected: float
-) -> None:
-    assert normalize_score(score, kind, rerank_scale=scale) == pytest.approx(expected)
-
-
-@given(
-    st.sampled_from(list(ScoreKind)),
-    st.sampled_from(list(RerankScale)),
-    st.floats(allow_nan=False, width=32),
-    st.floats(allow_nan=False, width=32),
-)
-def test_normalisation_is_monotonic_and_bounded(kind, scale, a, b) -> None:
-    low, high = sorted((a, b))
-    n_low = normalize_score(low, kind, rerank_scale=scale)
-    n_high = normalize_score(high, kind, rerank_scale=scale)
-    assert 0.0 <= n_low <= n_high <= 1.0
 
 
 def test_excerpt_is_cut_at_a_word_boundary_and_the_ellipsis_counts() -> None:

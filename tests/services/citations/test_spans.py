@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.citations import CitationSource, build_spans, extract, finalize
+from services.citations import CitationSource, build_spans, extract, finalize_extraction
 
 
 def spans(text: str, n: int = 3) -> list[tuple[str, tuple[int, ...], str]]:
@@ -72,26 +72,12 @@ def test_glued_marker_keeps_words_apart_in_cited_text() -> None:
 
 def test_offsets_are_code_points_of_the_stripped_text() -> None:
     sources = [CitationSource(i, "d", "n", "t", 0.0, "", f"c{i}", 0) for i in (1, 2)]
-    text, citations = finalize("😀 Émoji [9] ok [1]. Next [2].", sources, strip_invalid=True)
+    scanned = extract("😀 Émoji [9] ok [1]. Next [2].", len(sources), strip_invalid=True)
+    text, citations = finalize_extraction(scanned, sources)
     assert text == "😀 Émoji  ok [1]. Next [2]."
     assert [(s.start, s.end) for s in citations.spans] == [(0, 16), (17, 26)]
     assert text[0:16] == "😀 Émoji  ok [1]."
     assert citations.spans[0].cited_text == "😀 Émoji ok."
-
-
-def test_support_hook_receives_text_and_cited_sources() -> None:
-    sources = [CitationSource(i, "d", "n", "t", 0.0, "", f"c{i}", 0) for i in (1, 2, 3)]
-    seen = []
-
-    def support(text: str, cited: list[CitationSource]) -> float:
-        seen.append((text, [s.index for s in cited]))
-        return 7.0  # out of range on purpose
-
-    _, citations = finalize("A [1][3]. B.", sources, support=support)
-    assert seen == [("A.", [1, 3])]
-    assert citations.spans[0].support_score == 1.0
-    _, plain = finalize("A [1][3]. B.", sources)
-    assert plain.spans[0].support_score == 0.0
 
 
 @settings(max_examples=300, deadline=None)

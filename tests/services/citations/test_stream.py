@@ -11,7 +11,6 @@ from services.citations import (
     Delta,
     MarkerBuffer,
     extract,
-    finalize,
     finalize_extraction,
 )
 
@@ -121,7 +120,7 @@ def test_streamed_then_finalized_equals_unary(case: tuple[str, list[str]], strip
     ]
     buffer, events = stream(pieces, strip)
     streamed = finalize_extraction(buffer.result(), sources)
-    unary = finalize(text, sources, strip_invalid=strip)
+    unary = finalize_extraction(extract(text, N_SOURCES, strip_invalid=strip), sources)
     assert streamed == unary
     assert streamed[0] == "".join(e.text for e in events if isinstance(e, Delta))
 

@@ -69,10 +69,10 @@ def test_markdown_without_a_link_falls_back_to_inline() -> None:
     assert format_source(source(start_line=42), CitationStyle.MARKDOWN) == "[guide.md]"
 
 
-def test_apply_style_uses_download_url_unless_a_link_is_given() -> None:
+def test_apply_style_links_markdown_to_the_download_url() -> None:
     with_url = CitationSource(
         1, "d", "a.md", "text/markdown", 0.5, "", "c1", 0, download_url="https://u"
     )
     other = source(2)
-    styled = apply_style([with_url, other], CitationStyle.MARKDOWN, links={2: "https://l"})
-    assert [s.formatted for s in styled] == ["[a.md](https://u)", "[guide.md](https://l)"]
+    styled = apply_style([with_url, other], CitationStyle.MARKDOWN)
+    assert [s.formatted for s in styled] == ["[a.md](https://u)", "[guide.md]"]
