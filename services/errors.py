@@ -71,11 +71,6 @@ class Unavailable(FootnoteError):
     reason = "UNAVAILABLE"
 
 
-class Aborted(FootnoteError):
-    code = grpc.StatusCode.ABORTED
-    reason = "ABORTED"
-
-
 class Unimplemented(FootnoteError):
     code = grpc.StatusCode.UNIMPLEMENTED
     reason = "UNIMPLEMENTED"

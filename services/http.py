@@ -7,13 +7,12 @@ import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator
-from functools import partial
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from aiohttp import hdrs, web
 
-from services.documents.domain import DocumentRecord, get_document
+from services.documents.domain import DocumentRecord
 from services.errors import InvalidArgument, NotFound, Unavailable
 from services.rpc import DEPENDENCY_ERRORS, bearer_key
 from services.storage import ObjectMissing
@@ -140,13 +139,7 @@ async def download(request: web.Request) -> web.StreamResponse:
             "the API key is not valid", 'Bearer realm="footnote", error="invalid_token"'
         )
     try:
-        record = await deps.db.run(
-            partial(
-                get_document,
-                tenant_id=principal.tenant_id,
-                document_id=request.match_info["id"],
-            )
-        )
+        record = await deps.documents.get(principal.tenant_id, request.match_info["id"])
     except (NotFound, InvalidArgument):
         return not_found()
 
@@ -154,11 +147,11 @@ async def download(request: web.Request) -> web.StreamResponse:
     response.content_length = record.size_bytes
     if request.method == hdrs.METH_HEAD:
         # A stat gives HEAD the status GET would get, without opening the body.
-        if not await asyncio.to_thread(deps.storage.exists, record.object_key):
+        if not await deps.documents.object_exists(record):
             return not_found()
         return response
 
-    chunks = deps.storage.stream(record.object_key)
+    chunks = deps.documents.open_object(record)
     try:
         # The first read opens the object, so a missing object or an outage still gets a status.
         piece = await asyncio.to_thread(next, chunks, None)

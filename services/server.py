@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
-from celery import Celery
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -24,23 +22,27 @@ from footnote.v1 import (
     documents_service_pb2,
     documents_service_pb2_grpc,
 )
+from services.assistants.service import AssistantService
 from services.assistants.servicer import AssistantsServicer
 from services.auth import Authenticator
 from services.chat.pipeline import ChatEngine
 from services.chat.servicer import ChatServicer
 from services.config import Settings
+from services.conversations.presenter import CitationPresenter
+from services.conversations.service import ConversationService
 from services.conversations.servicer import ConversationsServicer
 from services.db.session import Database, make_engine
 from services.documents.links import LinkSigner
+from services.documents.service import DocumentService
 from services.documents.servicer import DocumentsServicer
 from services.http import create_http_app, start_http
 from services.llm.base import Generator
 from services.llm.factory import create_generator
 from services.ports import free_port
-from services.retrieval.embeddings import Embedder, create_embedder
+from services.retrieval.embeddings import create_embedder
 from services.rpc import FootnoteInterceptor
 from services.storage import Storage
-from workers.app import create_app
+from services.tasks import TaskClient, create_celery
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +57,18 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 @dataclass
 class Deps:
-    """What the servicers need from the outside world, built once per process."""
+    """The domain services and what they share, built once per process."""
 
     db: Database
     authenticator: Authenticator
     health: HealthServicer
     storage: Storage
-    celery: Celery
-    links: LinkSigner
-    embedder: Embedder
+    tasks: TaskClient
     generator: Generator
-    public_base_url: str
+    assistants: AssistantService
+    documents: DocumentService
+    conversations: ConversationService
+    chat: ChatEngine
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Deps:
@@ -77,35 +80,39 @@ class Deps:
         if missing:
             raise RuntimeError(f"{', '.join(missing)} not set (footnote dev sets them for you)")
         db = Database(make_engine(settings.database_url or ""))
-        celery = create_app(settings)
+        storage = Storage(
+            settings.s3_endpoint or "",
+            settings.s3_access_key or "",
+            settings.s3_secret_key or "",
+            settings.s3_bucket,
+            region=settings.s3_region,
+        )
+        tasks = TaskClient(create_celery(settings))
+        public_base_url = (
+            settings.public_base_url or f"http://{settings.grpc_host}:{settings.http_port}"
+        )
+        signer = LinkSigner(tasks, settings.link_timeout_seconds, public_base_url)
+        presenter = CitationPresenter(db, signer)
+        # The local model loads on first use, so a server that never chats never pays.
+        embedder = create_embedder(
+            base_url=settings.embeddings_base_url,
+            model=settings.embeddings_model,
+            api_key=settings.embeddings_api_key,
+            dim=settings.embeddings_dim,
+        )
+        generator = create_generator(settings)
         return cls(
             db=db,
             authenticator=Authenticator(db),
             health=HealthServicer(),
-            storage=Storage(
-                settings.s3_endpoint or "",
-                settings.s3_access_key or "",
-                settings.s3_secret_key or "",
-                settings.s3_bucket,
-                region=settings.s3_region,
-            ),
-            celery=celery,
-            links=LinkSigner(celery, settings.link_timeout_seconds),
-            # The local model loads on first use, so a server that never chats never pays.
-            embedder=create_embedder(
-                base_url=settings.embeddings_base_url,
-                model=settings.embeddings_model,
-                api_key=settings.embeddings_api_key,
-                dim=settings.embeddings_dim,
-            ),
-            generator=create_generator(settings),
-            public_base_url=settings.public_base_url
-            or f"http://{settings.grpc_host}:{settings.http_port}",
+            storage=storage,
+            tasks=tasks,
+            generator=generator,
+            assistants=AssistantService(db),
+            documents=DocumentService(db, storage, tasks, signer, settings.max_upload_bytes),
+            conversations=ConversationService(db, presenter),
+            chat=ChatEngine(db, embedder, generator, presenter),
         )
-
-    def send(self, task: str) -> Callable[[str], None]:
-        """Sends a task by name, so the frontend never imports worker code."""
-        return lambda document_id: self.celery.send_task(task, args=[document_id])
 
     async def aclose(self) -> None:
         closer = getattr(self.generator, "aclose", None)
@@ -115,7 +122,7 @@ class Deps:
 
     def close(self) -> None:
         self.db.dispose()
-        self.celery.close()
+        self.tasks.close()
 
 
 def create_server(settings: Settings, deps: Deps) -> tuple[grpc.aio.Server, int]:
@@ -128,23 +135,14 @@ def create_server(settings: Settings, deps: Deps) -> tuple[grpc.aio.Server, int]
         ],
     )
     assistants_service_pb2_grpc.add_AssistantsServiceServicer_to_server(
-        AssistantsServicer(deps.db), server
+        AssistantsServicer(deps.assistants), server
     )
     documents_service_pb2_grpc.add_DocumentsServiceServicer_to_server(
-        DocumentsServicer(
-            deps.db,
-            deps.storage,
-            deps.links,
-            send_ingest=deps.send("documents.ingest"),
-            send_purge=deps.send("documents.purge"),
-            max_upload_bytes=settings.max_upload_bytes,
-        ),
-        server,
+        DocumentsServicer(deps.documents), server
     )
-    engine = ChatEngine(deps.db, deps.embedder, deps.generator, deps.links, deps.public_base_url)
-    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(ChatServicer(engine), server)
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(ChatServicer(deps.chat), server)
     conversations_service_pb2_grpc.add_ConversationsServiceServicer_to_server(
-        ConversationsServicer(deps.db, deps.links, deps.public_base_url), server
+        ConversationsServicer(deps.conversations), server
     )
     health_pb2_grpc.add_HealthServicer_to_server(deps.health, server)
     reflection.enable_server_reflection(

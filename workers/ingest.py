@@ -12,10 +12,12 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_ready, worker_shutdown
 from celery.utils.time import get_exponential_backoff_interval
 
+from services import tasks
 from services.config import get_settings
 from services.documents import ingest as ingestion
 from services.documents.purge import purge_document
 from services.documents.reconcile import Grace, reconcile
+from services.tasks import TaskClient
 from workers.app import app
 from workers.resources import resources
 
@@ -47,7 +49,7 @@ class IngestTask(Task):
 # Retries are explicit rather than autoretry_for: the lease must be handed to the retry
 # before it is published, or a fast retry finds the lease still held and is dropped.
 @app.task(
-    name="documents.ingest",
+    name=tasks.INGEST,
     base=IngestTask,
     bind=True,
     acks_late=True,
@@ -79,7 +81,7 @@ def ingest(self: Task, document_id: str) -> str:
 
 
 @app.task(
-    name="documents.purge",
+    name=tasks.PURGE,
     acks_late=True,
     reject_on_worker_lost=True,
     autoretry_for=ingestion.TRANSIENT_ERRORS,
@@ -92,14 +94,6 @@ def purge(document_id: str) -> bool:
     return purge_document(r.db, r.storage, document_id)
 
 
-def send_ingest(document_id: str) -> None:
-    ingest.apply_async(args=[document_id])
-
-
-def send_purge(document_id: str) -> None:
-    purge.apply_async(args=[document_id])
-
-
 _stop_reconciler = threading.Event()
 
 
@@ -107,7 +101,7 @@ def run_reconciler() -> None:
     grace = Grace(queued=timedelta(seconds=settings.reconcile_queued_grace_seconds))
     while True:
         try:
-            reconcile(resources().db, send_ingest, send_purge, grace=grace)
+            reconcile(resources().db, TaskClient(app), grace=grace)
         except Exception:  # the next pass tries again; a dead reconciler would lose documents
             log.exception("reconcile pass failed")
         if _stop_reconciler.wait(settings.reconcile_interval_seconds):

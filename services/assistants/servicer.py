@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import partial
 from typing import Any
 
 import grpc
@@ -12,7 +11,7 @@ from footnote.v1 import assistants_service_pb2 as pb
 from footnote.v1 import assistants_service_pb2_grpc as pb_grpc
 from services.assistants import domain
 from services.assistants.domain import AssistantRecord, AssistantSettings, LinkMode
-from services.db.session import Database
+from services.assistants.service import AssistantService
 from services.errors import InvalidArgument
 from services.rpc import principal, to_timestamp
 
@@ -86,43 +85,30 @@ def present_settings(msg: pb.AssistantSettings) -> list[str]:
 
 
 class AssistantsServicer(pb_grpc.AssistantsServiceServicer):
-    def __init__(self, db: Database) -> None:
-        self.db = db
+    def __init__(self, assistants: AssistantService) -> None:
+        self.assistants = assistants
 
     async def CreateAssistant(
         self, request: pb.CreateAssistantRequest, context: grpc.aio.ServicerContext
     ) -> pb.Assistant:
         a = request.assistant
         changes = settings_changes(a.settings, present_settings(a.settings))
-        record = await self.db.run(
-            partial(
-                domain.create_assistant,
-                tenant_id=principal().tenant_id,
-                display_name=a.display_name,
-                settings_changes=changes,
-                request_id=request.request_id,
-            )
+        record = await self.assistants.create(
+            principal().tenant_id, a.display_name, changes, request.request_id
         )
         return assistant_to_proto(record)
 
     async def GetAssistant(
         self, request: pb.GetAssistantRequest, context: grpc.aio.ServicerContext
     ) -> pb.Assistant:
-        record = await self.db.run(
-            partial(domain.get_assistant, tenant_id=principal().tenant_id, assistant_id=request.id)
-        )
+        record = await self.assistants.get(principal().tenant_id, request.id)
         return assistant_to_proto(record)
 
     async def ListAssistants(
         self, request: pb.ListAssistantsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListAssistantsResponse:
-        records, token = await self.db.run(
-            partial(
-                domain.list_assistants,
-                tenant_id=principal().tenant_id,
-                requested_size=request.page_size,
-                token=request.page_token,
-            )
+        records, token = await self.assistants.list(
+            principal().tenant_id, request.page_size, request.page_token
         )
         return pb.ListAssistantsResponse(
             assistants=[assistant_to_proto(r) for r in records], next_page_token=token
@@ -150,23 +136,16 @@ class AssistantsServicer(pb_grpc.AssistantsServiceServicer):
                 names |= domain.SETTING_NAMES
             elif path.startswith("settings."):
                 names.add(path.removeprefix("settings."))
-        record = await self.db.run(
-            partial(
-                domain.update_assistant,
-                tenant_id=principal().tenant_id,
-                assistant_id=a.id,
-                display_name=a.display_name if "display_name" in paths else None,
-                settings_changes=settings_changes(a.settings, sorted(names)),
-            )
+        record = await self.assistants.update(
+            principal().tenant_id,
+            a.id,
+            a.display_name if "display_name" in paths else None,
+            settings_changes(a.settings, sorted(names)),
         )
         return assistant_to_proto(record)
 
     async def DeleteAssistant(
         self, request: pb.DeleteAssistantRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteAssistantResponse:
-        await self.db.run(
-            partial(
-                domain.delete_assistant, tenant_id=principal().tenant_id, assistant_id=request.id
-            )
-        )
+        await self.assistants.delete(principal().tenant_id, request.id)
         return pb.DeleteAssistantResponse()

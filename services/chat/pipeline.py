@@ -7,6 +7,7 @@ the two can never disagree.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -14,11 +15,7 @@ from dataclasses import dataclass
 
 from services.assistants.domain import AssistantSettings
 from services.assistants.domain import get_assistant as load_assistant
-from services.chat import history
 from services.chat.gate import needs_retrieval
-from services.chat.history import Turn
-from services.chat.links import document_links, presented
-from services.chat.snapshot import citations_from_json, citations_to_json
 from services.citations import (
     Citations,
     CitationStyle,
@@ -30,8 +27,11 @@ from services.citations import (
     build_manifest,
     finalize_extraction,
 )
+from services.conversations import store
+from services.conversations.presenter import CitationPresenter
+from services.conversations.snapshot import citations_from_json, citations_to_json
+from services.conversations.store import Turn
 from services.db.session import Database
-from services.documents.links import LinkSigner
 from services.errors import InvalidArgument
 from services.llm.base import (
     Finished,
@@ -157,29 +157,27 @@ class ChatEngine:
         db: Database,
         embedder: Embedder,
         generator: Generator,
-        signer: LinkSigner,
-        public_base_url: str,
+        presenter: CitationPresenter,
     ) -> None:
         self.db = db
         self.embedder = embedder
         self.generator = generator
-        self.signer = signer
-        self.public_base_url = public_base_url
+        self.presenter = presenter
 
     async def answer(self, tenant_id: str, inp: ChatInput) -> AsyncIterator[AnswerEvent]:
         validate(inp)
         assistant = await self.db.run(lambda s: load_assistant(s, tenant_id, inp.assistant_id))
         settings = assistant.settings
         if inp.request_id:
-            stored = await self.db.run(lambda s: history.find_answer(s, tenant_id, inp.request_id))
+            stored = await self.db.run(lambda s: store.find_answer(s, tenant_id, inp.request_id))
             if stored is not None:
                 yield AnswerDelta(stored.content)
-                yield AnswerComplete(await self.replay(stored, settings))
+                yield AnswerComplete(await self.replay(tenant_id, stored, settings))
                 return
         earlier: list[Turn] = []
         if inp.conversation_id:
             earlier = await self.db.run(
-                lambda s: history.earlier_turns(s, tenant_id, inp.conversation_id, inp.assistant_id)
+                lambda s: store.earlier_turns(s, tenant_id, inp.conversation_id, inp.assistant_id)
             )
         question = inp.messages[-1].content
         chunks, stats = await self.retrieve(tenant_id, inp.assistant_id, question, settings)
@@ -217,16 +215,19 @@ class ChatEngine:
         buffer = MarkerBuffer(len(manifest.sources), strip_invalid=inp.options.strip_invalid)
         pieces: list[str] = []  # the answer as generated, used when there is no buffer
         finished = Finished()
-        async for event in self.generator.generate(request):
-            if isinstance(event, Finished):
-                finished = event
-                break
-            if cite:
-                for out in answer_events(buffer.feed(event.text)):
-                    yield out
-            else:
-                pieces.append(event.text)
-                yield AnswerDelta(event.text)
+        # aclosing: a cancelled stream closes the generator, and with it the upstream request,
+        # at once rather than whenever the garbage collector gets to it.
+        async with contextlib.aclosing(self.generator.generate(request)) as generated:
+            async for event in generated:
+                if isinstance(event, Finished):
+                    finished = event
+                    break
+                if cite:
+                    for out in answer_events(buffer.feed(event.text)):
+                        yield out
+                else:
+                    pieces.append(event.text)
+                    yield AnswerDelta(event.text)
         citations = None
         if cite:
             for out in answer_events(buffer.finish()):
@@ -248,7 +249,7 @@ class ChatEngine:
             },
         }
         conversation_id, message_id = await self.db.run(
-            lambda s: history.store_exchange(
+            lambda s: store.store_exchange(
                 s,
                 tenant_id=tenant_id,
                 assistant_id=inp.assistant_id,
@@ -261,7 +262,7 @@ class ChatEngine:
             )
         )
         if citations is not None:
-            citations = await self.present(citations, settings, inp.options.style)
+            citations = await self.present(tenant_id, citations, settings, inp.options.style)
         yield AnswerComplete(
             ChatResult(
                 id=completion_id,
@@ -299,25 +300,28 @@ class ChatEngine:
         stats = RetrievalStats(
             duration_seconds=time.perf_counter() - began, chunks_returned=len(hits)
         )
-        return [h.chunk for h in hits], stats
+        return hits, stats
 
     async def present(
-        self, citations: Citations, settings: AssistantSettings, style: CitationStyle
+        self,
+        tenant_id: str,
+        citations: Citations,
+        settings: AssistantSettings,
+        style: CitationStyle,
     ) -> Citations:
-        links = await document_links(
-            (source.document_id for source in citations.sources),
-            settings.citation_link_mode,
-            self.signer,
-            self.public_base_url,
+        [presented] = await self.presenter.present(
+            tenant_id, settings.citation_link_mode, [(citations, style)], check_stale=False
         )
-        return presented(citations, links, style)
+        return presented
 
-    async def replay(self, stored: history.StoredAnswer, settings: AssistantSettings) -> ChatResult:
+    async def replay(
+        self, tenant_id: str, stored: store.StoredAnswer, settings: AssistantSettings
+    ) -> ChatResult:
         r = stored.response
         citations = None
         if stored.citations is not None:
             snapshot, style = citations_from_json(stored.citations)
-            citations = await self.present(snapshot, settings, style)
+            citations = await self.present(tenant_id, snapshot, settings, style)
         retrieval = r.get("retrieval", {})
         return ChatResult(
             id=r.get("id", ""),

@@ -9,8 +9,6 @@ from google.protobuf import duration_pb2
 
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import chat_service_pb2_grpc as pb_grpc
-from services.chat.convert import citations_to_proto
-from services.chat.history import Turn
 from services.chat.pipeline import (
     AnswerCitation,
     AnswerComplete,
@@ -21,6 +19,8 @@ from services.chat.pipeline import (
     ChatResult,
 )
 from services.citations import CitationStyle
+from services.conversations.convert import citations_to_proto
+from services.conversations.store import Turn
 from services.errors import InvalidArgument
 from services.llm.base import FinishReason, Retrieval
 from services.rpc import principal

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -203,7 +203,6 @@ def ingest_document(
     embedder: Embedder,
     document_id: str,
     options: IngestOptions = IngestOptions(),
-    on_stage: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Runs the whole ingestion of one document; transient errors propagate for a retry."""
     doc_id = uuid.UUID(document_id)
@@ -223,8 +222,6 @@ def ingest_document(
         return Outcome.SKIPPED
     object_key, sha256, declared_type, name = claimed
     with kept_alive(db, doc_id, lease):
-        if on_stage:
-            on_stage("download")
         try:
             data = storage.read(object_key, limit=options.max_bytes)
         except ObjectMissing:
@@ -245,8 +242,6 @@ def ingest_document(
         if not pieces:
             mark_failed(db, document_id, "the document contains no text to index")
             return Outcome.FAILED
-        if on_stage:
-            on_stage("embed")
         vectors = embedder.embed_documents([embedding_input(p) for p in pieces])
         written = db.transact(
             lambda s: write_chunks(

@@ -8,7 +8,6 @@ periodically. Every task it sends is idempotent, so a duplicate is harmless.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -19,6 +18,7 @@ from services.db.models import Document as DocumentRow
 from services.db.models import utcnow
 from services.db.session import Database
 from services.documents.domain import DocumentState
+from services.tasks import TaskClient
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +71,13 @@ def find_due(s: Session, grace: Grace, limit: int = 500) -> Due:
     )
 
 
-def reconcile(
-    db: Database,
-    send_ingest: Callable[[str], None],
-    send_purge: Callable[[str], None],
-    grace: Grace = Grace(),
-) -> Due:
+def reconcile(db: Database, tasks: TaskClient, grace: Grace = Grace()) -> Due:
+    """Re-sends the tasks of documents stuck past their lease or grace."""
     due = db.transact(lambda s: find_due(s, grace))
     for document_id in due.ingest:
-        send_ingest(document_id)
+        tasks.ingest(document_id)
     for document_id in due.purge:
-        send_purge(document_id)
+        tasks.purge(document_id)
     if due.ingest or due.purge:
         log.info("reconciler re-sent %d ingestions and %d purges", len(due.ingest), len(due.purge))
     return due

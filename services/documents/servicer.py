@@ -1,25 +1,18 @@
-"""DocumentsService: converts proto messages to domain calls and back."""
+"""DocumentsService: converts proto messages to the document service's calls and back."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
-from datetime import timedelta
-from functools import partial
+from collections.abc import AsyncIterator
 
 import grpc
 
 from footnote.v1 import documents_service_pb2 as pb
 from footnote.v1 import documents_service_pb2_grpc as pb_grpc
-from services.db.session import Database
-from services.documents import domain
 from services.documents.domain import DocumentRecord, DocumentState
-from services.documents.links import LinkSigner
-from services.documents.uploads import UploadMetadata, spool, store_upload, validate_metadata
-from services.errors import InvalidArgument, NotFound
+from services.documents.service import DocumentService
+from services.documents.uploads import UploadMetadata
+from services.errors import InvalidArgument
 from services.rpc import principal, to_timestamp
-from services.storage import Storage
 
 STATE_TO_PROTO = {
     DocumentState.PENDING: pb.DOCUMENT_STATE_PENDING,
@@ -28,9 +21,6 @@ STATE_TO_PROTO = {
     DocumentState.FAILED: pb.DOCUMENT_STATE_FAILED,
 }
 STATE_FROM_PROTO = {v: k for k, v in STATE_TO_PROTO.items()}
-DEFAULT_LINK_TTL = timedelta(hours=1)
-MAX_LINK_TTL = timedelta(days=7)
-WATCH_POLL_SECONDS = 0.25
 
 
 def document_to_proto(record: DocumentRecord) -> pb.Document:
@@ -59,32 +49,9 @@ async def upload_chunks(rest: AsyncIterator[pb.UploadDocumentRequest]) -> AsyncI
         yield message.chunk
 
 
-async def iterate_in_thread(items: Iterator[bytes]) -> AsyncIterator[bytes]:
-    """Drives a blocking iterator from a worker thread, one item at a time."""
-    done = object()
-    while True:
-        item = await asyncio.to_thread(next, items, done)
-        if item is done:
-            return
-        yield item  # type: ignore[misc]
-
-
 class DocumentsServicer(pb_grpc.DocumentsServiceServicer):
-    def __init__(
-        self,
-        db: Database,
-        storage: Storage,
-        links: LinkSigner,
-        send_ingest: Callable[[str], None],
-        send_purge: Callable[[str], None],
-        max_upload_bytes: int,
-    ) -> None:
-        self.db = db
-        self.storage = storage
-        self.links = links
-        self.send_ingest = send_ingest
-        self.send_purge = send_purge
-        self.max_upload_bytes = max_upload_bytes
+    def __init__(self, documents: DocumentService) -> None:
+        self.documents = documents
 
     async def UploadDocument(
         self,
@@ -96,26 +63,14 @@ class DocumentsServicer(pb_grpc.DocumentsServiceServicer):
         if first is None or first.WhichOneof("payload") != "metadata":
             raise InvalidArgument("metadata", "the first upload message must carry metadata")
         m = first.metadata
-        meta = validate_metadata(
-            UploadMetadata(m.assistant_id, m.display_name, m.content_type, m.request_id)
-        )
-        tenant = principal().tenant_id
-        # The assistant is checked before the bytes flow, so a typo fails fast.
-        await self.db.run(lambda s: domain.check_assistant(s, tenant, meta.assistant_id))
-        upload = await spool(upload_chunks(stream), self.max_upload_bytes)
-        with upload.file:
-            record = await store_upload(
-                self.db, self.storage, self.send_ingest, tenant, meta, upload
-            )
+        meta = UploadMetadata(m.assistant_id, m.display_name, m.content_type, m.request_id)
+        record = await self.documents.upload(principal().tenant_id, meta, upload_chunks(stream))
         return document_to_proto(record)
 
     async def GetDocument(
         self, request: pb.GetDocumentRequest, context: grpc.aio.ServicerContext
     ) -> pb.Document:
-        record = await self.db.run(
-            partial(domain.get_document, tenant_id=principal().tenant_id, document_id=request.id)
-        )
-        return document_to_proto(record)
+        return document_to_proto(await self.documents.get(principal().tenant_id, request.id))
 
     async def ListDocuments(
         self, request: pb.ListDocumentsRequest, context: grpc.aio.ServicerContext
@@ -125,15 +80,12 @@ class DocumentsServicer(pb_grpc.DocumentsServiceServicer):
             state = STATE_FROM_PROTO.get(request.state)
             if state is None:
                 raise InvalidArgument("state", f"unknown document state {request.state}")
-        records, token = await self.db.run(
-            partial(
-                domain.list_documents,
-                tenant_id=principal().tenant_id,
-                requested_size=request.page_size,
-                token=request.page_token,
-                assistant_id=request.assistant_id,
-                state=state,
-            )
+        records, token = await self.documents.list(
+            principal().tenant_id,
+            request.page_size,
+            request.page_token,
+            assistant_id=request.assistant_id,
+            state=state,
         )
         return pb.ListDocumentsResponse(
             documents=[document_to_proto(r) for r in records], next_page_token=token
@@ -142,56 +94,24 @@ class DocumentsServicer(pb_grpc.DocumentsServiceServicer):
     async def DeleteDocument(
         self, request: pb.DeleteDocumentRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteDocumentResponse:
-        record = await self.db.run(
-            partial(domain.mark_deleted, tenant_id=principal().tenant_id, document_id=request.id)
-        )
-        # The chunks are already gone; if the broker is down, the reconciler sends the purge.
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.send_purge, record.id)
+        await self.documents.delete(principal().tenant_id, request.id)
         return pb.DeleteDocumentResponse()
 
     async def WatchDocument(
         self, request: pb.WatchDocumentRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Document]:
-        tenant = principal().tenant_id
-        last: pb.Document | None = None
-        while True:
-            record = await self.db.run(
-                partial(domain.get_document, tenant_id=tenant, document_id=request.id)
-            )
-            current = document_to_proto(record)
-            if last is None or current.state != last.state or current.error != last.error:
-                yield current
-                last = current
-            if record.state.final:
-                return
-            await asyncio.sleep(WATCH_POLL_SECONDS)
+        async for record in self.documents.watch(principal().tenant_id, request.id):
+            yield document_to_proto(record)
 
     async def DownloadDocument(
         self, request: pb.DownloadDocumentRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.DownloadDocumentResponse]:
-        record = await self.db.run(
-            partial(domain.get_document, tenant_id=principal().tenant_id, document_id=request.id)
-        )
-        async for piece in iterate_in_thread(self.storage.stream(record.object_key)):
+        async for piece in self.documents.download(principal().tenant_id, request.id):
             yield pb.DownloadDocumentResponse(chunk=piece)
 
     async def GetDownloadUrl(
         self, request: pb.GetDownloadUrlRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetDownloadUrlResponse:
-        ttl = request.ttl.ToTimedelta() if request.HasField("ttl") else DEFAULT_LINK_TTL
-        if not timedelta(seconds=1) <= ttl <= MAX_LINK_TTL:
-            raise InvalidArgument("ttl", "ttl must be between 1 second and 7 days")
-        record = await self.db.run(
-            partial(
-                domain.get_document,
-                tenant_id=principal().tenant_id,
-                document_id=request.document_id,
-                field="document_id",
-            )
-        )
-        links = await self.links.presign([record.id], ttl)
-        link = links.get(record.id)
-        if link is None:  # deleted between the lookup and the signing
-            raise NotFound("document", request.document_id)
+        ttl = request.ttl.ToTimedelta() if request.HasField("ttl") else None
+        link = await self.documents.download_url(principal().tenant_id, request.document_id, ttl)
         return pb.GetDownloadUrlResponse(url=link.url, expire_time=to_timestamp(link.expire_time))

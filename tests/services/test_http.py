@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import os
 import uuid
@@ -39,14 +38,12 @@ async def serve_http(
 ) -> AsyncIterator[str]:
     deps = Deps.from_settings(settings)
     if storage_class is not None:
-        deps = dataclasses.replace(
-            deps,
-            storage=storage_class(
-                settings.s3_endpoint or "",
-                settings.s3_access_key or "",
-                settings.s3_secret_key or "",
-                settings.s3_bucket,
-            ),
+        # The document service streams the bytes, so it is the one that gets this storage.
+        deps.documents.storage = storage_class(
+            settings.s3_endpoint or "",
+            settings.s3_access_key or "",
+            settings.s3_secret_key or "",
+            settings.s3_bucket,
         )
     runner, port = await start_http(create_http_app(deps), "127.0.0.1", 0, shutdown_timeout=1.0)
     try:

@@ -12,21 +12,22 @@ import socket
 import time
 import uuid
 
-from celery import Celery
 from sqlalchemy import func, select
 
+from services.config import Settings
 from services.db.models import Chunk
 from services.db.models import Document as DocumentRow
+from services.tasks import TaskClient, create_celery
 from tests.conftest import kill_group, start_worker, wait_worker_ready, worker_env
 from tests.support import stored_document
 
 
 def send_ingest(broker_url: str, document_id: str) -> None:
-    app = Celery(broker=broker_url)
+    tasks = TaskClient(create_celery(Settings(_env_file=None, broker_url=broker_url)))
     try:
-        app.send_task("documents.ingest", args=[document_id], queue="ingest")
+        tasks.ingest(document_id)
     finally:
-        app.close()
+        tasks.close()
 
 
 def document(db, doc_id: str) -> DocumentRow:

@@ -1,18 +1,31 @@
-"""Conversations and messages in SQL: loading the earlier turns, storing an exchange."""
+"""Conversations and messages in SQL: storing an exchange, and reading history back.
+
+Conversations list newest first, messages oldest first.
+"""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session
 
+from services.citations import DocumentVersion
 from services.db.models import Conversation, Message, utcnow
+from services.db.models import Document as DocumentRow
 from services.errors import InvalidArgument, NotFound
 from services.ids import parse_id
+from services.pagination import (
+    decode_position,
+    decode_token,
+    encode_token,
+    page_size,
+    position_token,
+)
 
 # Earlier turns beyond this many are left out of the prompt.
 MAX_HISTORY_MESSAGES = 20
@@ -149,3 +162,113 @@ def store_exchange(
     conversation.update_time = now
     s.flush()
     return str(conversation.id), str(answer_row.id)
+
+
+@dataclass(frozen=True)
+class ConversationRecord:
+    id: str
+    assistant_id: str
+    title: str
+    message_count: int
+    create_time: datetime
+    update_time: datetime
+
+
+@dataclass(frozen=True)
+class MessageRecord:
+    id: str
+    conversation_id: str
+    role: str
+    content: str
+    citations: dict[str, Any] | None
+    create_time: datetime
+
+
+def to_conversation(row: Conversation) -> ConversationRecord:
+    return ConversationRecord(
+        id=str(row.id),
+        assistant_id=str(row.assistant_id),
+        title=row.title,
+        message_count=row.message_count,
+        create_time=row.create_time,
+        update_time=row.update_time,
+    )
+
+
+def get_conversation(s: Session, tenant_id: str, conversation_id: str) -> ConversationRecord:
+    return to_conversation(find_conversation(s, tenant_id, conversation_id))
+
+
+def list_conversations(
+    s: Session, tenant_id: str, requested_size: int, token: str, assistant_id: str = ""
+) -> tuple[list[ConversationRecord], str]:
+    size = page_size(requested_size)
+    kind = f"conversations:{assistant_id}"
+    after = decode_position(token, kind)
+    query = select(Conversation).where(Conversation.tenant_id == tenant_id)
+    if assistant_id:
+        query = query.where(Conversation.assistant_id == parse_id(assistant_id, "assistant_id"))
+    if after is not None:  # newest first, so the next page holds the smaller positions
+        query = query.where(tuple_(Conversation.update_time, Conversation.id) < after)
+    rows = s.scalars(
+        query.order_by(Conversation.update_time.desc(), Conversation.id.desc()).limit(size + 1)
+    ).all()
+    next_token = ""
+    if len(rows) > size:
+        rows = rows[:size]
+        next_token = position_token(kind, rows[-1].update_time, rows[-1].id)
+    return [to_conversation(r) for r in rows], next_token
+
+
+def list_messages(
+    s: Session, tenant_id: str, conversation_id: str, requested_size: int, token: str
+) -> tuple[ConversationRecord, list[MessageRecord], str]:
+    conversation = find_conversation(s, tenant_id, conversation_id, field="conversation_id")
+    size = page_size(requested_size, default=50)
+    kind = f"messages:{conversation.id}"
+    cursor = decode_token(token, kind)
+    query = select(Message).where(Message.conversation_id == conversation.id)
+    if cursor is not None:
+        seq = cursor.get("seq")
+        if not isinstance(seq, int):
+            raise InvalidArgument("page_token", "page_token is not a token from this list")
+        query = query.where(Message.seq > seq)
+    rows = s.scalars(query.order_by(Message.seq).limit(size + 1)).all()
+    next_token = ""
+    if len(rows) > size:
+        rows = rows[:size]
+        next_token = encode_token(kind, {"seq": rows[-1].seq})
+    records = [
+        MessageRecord(
+            id=str(r.id),
+            conversation_id=str(r.conversation_id),
+            role=r.role,
+            content=r.content,
+            citations=r.citations,
+            create_time=r.create_time,
+        )
+        for r in rows
+    ]
+    return to_conversation(conversation), records, next_token
+
+
+def current_versions(
+    s: Session, tenant_id: str, document_ids: Iterable[str]
+) -> dict[str, DocumentVersion]:
+    """The live documents among the ids; a deleted or missing one is simply absent."""
+    ids = [uuid.UUID(i) for i in set(document_ids)]
+    if not ids:
+        return {}
+    rows = s.execute(
+        select(DocumentRow.id, DocumentRow.sha256, DocumentRow.indexed_time).where(
+            DocumentRow.id.in_(ids),
+            DocumentRow.tenant_id == tenant_id,
+            DocumentRow.delete_time.is_(None),
+        )
+    ).all()
+    return {
+        str(r.id): DocumentVersion(
+            document_id=str(r.id), sha256=r.sha256, indexed_time=r.indexed_time
+        )
+        for r in rows
+    }
