@@ -39,6 +39,7 @@ lint: setup
 	fi
 	$(BIN)/ruff check services workers devstack footnote tests bench
 	$(BIN)/ruff format --check services workers devstack footnote tests bench
+	PY=$(PY) bash deploy/validate.sh
 
 test: setup
 	$(BIN)/pytest $(PYTEST_ARGS)
