@@ -58,16 +58,24 @@ def ask(
         options=cpb.CompletionOptions(citation_style=STYLES[style]),
     )
 
+    streamed = False
+
     def write(text: str) -> None:
+        nonlocal streamed
         if not as_json:
             sys.stdout.write(text)
             sys.stdout.flush()
+            streamed = True
 
     with connect(target, api_key, state_dir) as client:
         try:
             response = stream_answer(client.chat, client.conn, request, write)
-        except RuntimeError:
-            fail("the answer stream ended without its complete message")
+        except BaseException as err:
+            if streamed:
+                print()  # end the cut-off answer's line before the error is reported
+            if isinstance(err, RuntimeError):
+                fail("the answer stream ended without its complete message")
+            raise
     if as_json:
         print_json(response)
         return

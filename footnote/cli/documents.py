@@ -247,7 +247,10 @@ def open_sink(output: Path | None) -> Iterator[tuple[IO[bytes], Callable[[], Non
         yield sys.stdout.buffer, sys.stdout.buffer.flush
         return
     partial = output.with_name(f".{output.name}.part")
-    sink: IO[bytes] = partial.open("wb")
+    try:
+        sink: IO[bytes] = partial.open("wb")
+    except OSError as err:
+        fail(f"cannot write {output}: {err.strerror}")
     done = False
 
     def finish() -> None:
