@@ -112,10 +112,6 @@ class Client:
         self.close()
 
 
-class PageRequest(Protocol):
-    page_token: str
-
-
 class Page(Protocol):
     next_page_token: str
 
@@ -194,10 +190,6 @@ def download(
         written += len(response.chunk)
         on_bytes(len(response.chunk))
     return written, digest.hexdigest()
-
-
-def open_channel(conn: Connection) -> grpc.Channel:
-    return grpc.insecure_channel(conn.target)
 
 
 def location_parts(source: citations_pb2.CitationSource) -> list[str]:
