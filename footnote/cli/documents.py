@@ -37,7 +37,8 @@ from footnote.client import pages
 from footnote.v1 import documents_service_pb2 as dpb
 
 app = typer.Typer(
-    help="List, show, delete and download documents (upload them with `footnote upload`).",
+    help="List, show, watch, delete and download documents, and make download links "
+    "(upload them with `footnote upload`).",
     no_args_is_help=True,
 )
 
@@ -265,3 +266,55 @@ def open_sink(output: Path | None) -> Iterator[tuple[IO[bytes], Callable[[], Non
         if not done:
             sink.close()
             partial.unlink(missing_ok=True)
+
+
+@app.command()
+def watch(
+    document_id: IdArg,
+    as_json: JsonOpt = False,
+    target: TargetOpt = None,
+    api_key: ApiKeyOpt = None,
+    state_dir: ClientStateDirOpt = None,
+) -> None:
+    """Print each state change of a document until it is READY or FAILED; exit 1 on FAILED.
+
+    With --json, prints the final document once.
+    """
+    final = None
+    with connect(target, api_key, state_dir) as client:
+        request = dpb.WatchDocumentRequest(id=document_id)
+        for document in client.documents.WatchDocument(request, metadata=client.metadata):
+            final = document
+            if not as_json:
+                line = f"{timestamp(document.update_time)}\t{state_name(document.state)}"
+                typer.echo(line + (f"\t{document.error}" if document.error else ""))
+    if final is None:
+        fail("the watch ended without a state")
+    if as_json:
+        print_json(final)
+    if final.state == dpb.DOCUMENT_STATE_FAILED:
+        raise typer.Exit(1)
+
+
+@app.command()
+def url(
+    document_id: IdArg,
+    ttl: Annotated[
+        int,
+        typer.Option("--ttl", min=1, help="Seconds the link stays valid, at most 604800 (7 days)."),
+    ] = 3600,
+    as_json: JsonOpt = False,
+    target: TargetOpt = None,
+    api_key: ApiKeyOpt = None,
+    state_dir: ClientStateDirOpt = None,
+) -> None:
+    """Print a presigned URL that downloads the document without a key until it expires."""
+    request = dpb.GetDownloadUrlRequest(document_id=document_id)
+    request.ttl.FromSeconds(ttl)
+    with connect(target, api_key, state_dir) as client:
+        link = client.documents.GetDownloadUrl(request, metadata=client.metadata)
+    if as_json:
+        print_json(link)
+    else:
+        typer.echo(link.url)
+        typer.echo(f"expires {timestamp(link.expire_time)}", err=True)

@@ -9,6 +9,7 @@ import json
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 
 from services.storage import object_key
@@ -177,3 +178,30 @@ async def test_download_shows_a_progress_bar_on_a_terminal(
     )
     assert "downloading handbook.md" in screen
     assert out.read_bytes() == HANDBOOK.read_bytes()
+
+
+async def test_watch_prints_states_until_final(cli, uploaded):
+    ran = await cli("documents", "watch", uploaded["id"])
+    assert ran.exit_code == 0, ran.stderr
+    assert ran.stdout.splitlines()[-1].split("\t")[1] == "READY"
+    body = (await cli("documents", "watch", uploaded["id"], "--json")).json()
+    assert body["id"] == uploaded["id"] and body["state"] == "DOCUMENT_STATE_READY"
+
+
+async def test_url_is_a_working_presigned_link(cli, uploaded):
+    ran = await cli("documents", "url", uploaded["id"], "--ttl", "120")
+    assert ran.exit_code == 0, ran.stderr
+    link = ran.stdout.strip()
+    assert "X-Amz-Signature=" in link and "expires " in ran.stderr
+    fetched = await asyncio.to_thread(httpx.get, link, timeout=30)
+    assert fetched.status_code == 200 and fetched.content == HANDBOOK.read_bytes()
+    body = (await cli("documents", "url", uploaded["id"], "--json")).json()
+    assert body["url"].startswith("http") and body["expire_time"].endswith("Z")
+
+
+async def test_url_ttl_limits(cli, uploaded):
+    assert_clean_failure(await cli("documents", "url", uploaded["id"], "--ttl", "0"), 2)
+    too_long = await cli("documents", "url", uploaded["id"], "--ttl", str(8 * 86400))
+    assert_clean_failure(too_long)
+    assert too_long.stderr.startswith("footnote: INVALID_ARGUMENT: ")
+    assert "(field ttl)" in too_long.stderr
