@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from footnote.cli import ask, assistants, conversations, documents, upload
 from services.config import Settings
 
 app = typer.Typer(
@@ -18,6 +19,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+API_PANEL = "Calling the API"
 keys_app = typer.Typer(help="Manage API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
@@ -180,155 +182,6 @@ def keys_create(
     typer.echo(key)
 
 
-TargetOpt = Annotated[
-    str | None, typer.Option("--target", help="HOST:PORT of the server (or FOOTNOTE_TARGET).")
-]
-ApiKeyOpt = Annotated[str | None, typer.Option("--api-key", help="API key (or FOOTNOTE_API_KEY).")]
-
-
-@app.command()
-def upload(
-    files: Annotated[
-        list[Path], typer.Argument(help="Files to upload.", exists=True, dir_okay=False)
-    ],
-    assistant: Annotated[str, typer.Option("--assistant", help="The assistant's id.")],
-    target: TargetOpt = None,
-    api_key: ApiKeyOpt = None,
-    state_dir: StateDir = None,
-    wait: Annotated[bool, typer.Option(help="Wait until each document is READY or FAILED.")] = True,
-) -> None:
-    """Upload documents with a progress bar, wait for ingestion, and print their states."""
-    import grpc
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TransferSpeedColumn,
-    )
-    from rich.table import Table
-
-    from footnote.client import open_channel, resolve_connection, upload_requests, wait_final
-    from footnote.v1 import documents_service_pb2 as dpb
-    from footnote.v1 import documents_service_pb2_grpc as dpb_grpc
-
-    try:
-        conn = resolve_connection(target, api_key, state_dir)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-    console = Console(stderr=True)
-    results: list[tuple[Path, dpb.Document | None, str]] = []
-    with open_channel(conn) as channel:
-        stub = dpb_grpc.DocumentsServiceStub(channel)
-        upload_columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-        )
-        with Progress(*upload_columns, console=console) as progress:
-            total = progress.add_task("uploading", total=sum(f.stat().st_size for f in files))
-            for path in files:
-                progress.update(total, description=f"uploading {path.name}")
-                try:
-                    doc = stub.UploadDocument(
-                        upload_requests(path, assistant, lambda n: progress.advance(total, n)),
-                        metadata=conn.metadata,
-                    )
-                    results.append((path, doc, ""))
-                except grpc.RpcError as err:
-                    results.append((path, None, f"{err.code().name}: {err.details()}"))
-        waiting = [i for i, (_, doc, _) in enumerate(results) if doc is not None]
-        if wait and waiting:
-            wait_columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-            with Progress(*wait_columns, console=console) as progress:
-                ingest = progress.add_task("ingesting", total=len(waiting))
-                for i in waiting:
-                    path, doc, _ = results[i]
-                    assert doc is not None
-                    progress.update(ingest, description=f"ingesting {path.name}")
-                    results[i] = (path, wait_final(stub, conn, doc.id), "")
-                    progress.advance(ingest)
-    table = Table("file", "document", "state", "chunks", "pages", "error")
-    failed = False
-    for path, doc, error in results:
-        if doc is None:
-            failed = True
-            table.add_row(path.name, "-", "REJECTED", "-", "-", error)
-            continue
-        state = dpb.DocumentState.Name(doc.state).removeprefix("DOCUMENT_STATE_")
-        failed |= state == "FAILED"
-        table.add_row(
-            path.name, doc.id, state, str(doc.chunk_count), str(doc.page_count), doc.error
-        )
-    Console().print(table)
-    if failed:
-        raise typer.Exit(1)
-
-
-STYLES = {"inline": 1, "footnote": 2, "markdown": 3}
-
-
-@app.command()
-def ask(
-    question: Annotated[str, typer.Argument(help="The question.")],
-    assistant: Annotated[str, typer.Option("--assistant", help="The assistant's id.")],
-    conversation: Annotated[
-        str, typer.Option("--conversation", help="Continue this conversation.")
-    ] = "",
-    style: Annotated[str, typer.Option(help="Citation style: inline, footnote, markdown.")] = (
-        "inline"
-    ),
-    target: TargetOpt = None,
-    api_key: ApiKeyOpt = None,
-    state_dir: StateDir = None,
-) -> None:
-    """Stream an answer as it comes, then list the sources it cited with locations and links."""
-    import grpc
-
-    from footnote.client import (
-        cited_sources_lines,
-        open_channel,
-        resolve_connection,
-        stream_answer,
-    )
-    from footnote.v1 import chat_service_pb2 as cpb
-    from footnote.v1 import chat_service_pb2_grpc as cpb_grpc
-
-    if style not in STYLES:
-        raise typer.BadParameter(f"choose one of {', '.join(STYLES)}", param_hint="--style")
-    try:
-        conn = resolve_connection(target, api_key, state_dir)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-    request = cpb.CompleteRequest(
-        assistant_id=assistant,
-        conversation_id=conversation,
-        messages=[cpb.ChatMessage(role=cpb.ROLE_USER, content=question)],
-        options=cpb.CompletionOptions(citation_style=STYLES[style]),
-    )
-    with open_channel(conn) as channel:
-        try:
-            response = stream_answer(
-                cpb_grpc.ChatServiceStub(channel),
-                conn,
-                request,
-                lambda text: print(text, end="", flush=True),
-            )
-        except grpc.RpcError as err:
-            typer.echo(f"\nfootnote: {err.code().name}: {err.details()}", err=True)
-            raise typer.Exit(1) from None
-    print()
-    lines = cited_sources_lines(response)
-    if lines:
-        print("\nSources:")
-        for line in lines:
-            print(line)
-    print(f"\nconversation {response.conversation_id}")
-
-
 @app.command()
 def demo(
     state_dir: StateDir = None,
@@ -342,6 +195,14 @@ def demo(
     from devstack.demo import run_demo
 
     run_demo(state_dir, question, llm=llm)
+
+
+# Commands that call the gRPC API, one module each; a new one is one line here.
+app.add_typer(assistants.app, name="assistants", rich_help_panel=API_PANEL)
+app.add_typer(documents.app, name="documents", rich_help_panel=API_PANEL)
+app.add_typer(conversations.app, name="conversations", rich_help_panel=API_PANEL)
+app.command(rich_help_panel=API_PANEL)(upload.upload)
+app.command(rich_help_panel=API_PANEL)(ask.ask)
 
 
 if __name__ == "__main__":

@@ -88,6 +88,15 @@ def test_conversations_do_not_import_chat() -> None:
     assert violations(modules("services/conversations"), ("services.chat",)) == []
 
 
+def test_api_commands_talk_to_the_server_only_through_grpc() -> None:
+    # main.py also runs the server and the workers in-process (dev, serve, worker, migrate,
+    # keys); every other command module, and the client helpers, only call the API.
+    files = [ROOT / "footnote" / "client.py"] + [
+        f for f in sorted((ROOT / "footnote" / "cli").glob("*.py")) if f.name != "main.py"
+    ]
+    assert violations(files, ("services", "workers", "devstack")) == []
+
+
 @pytest.mark.parametrize(
     "servicer", sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("services/*/servicer.py"))
 )
