@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -54,6 +55,11 @@ class Settings(BaseSettings):
     link_timeout_seconds: float = 5.0
     shutdown_grace_seconds: float = 5.0
     log_level: str = "INFO"
+    # json or text; unset means text on a terminal and JSON anywhere else.
+    log_format: Literal["json", "text"] | None = None
+    # A worker serves its pool's metrics here (Prometheus text format); unset serves none.
+    worker_metrics_port: int | None = None
+    worker_metrics_host: str = "127.0.0.1"
 
 
 @lru_cache(maxsize=1)
