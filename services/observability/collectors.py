@@ -2,7 +2,7 @@
 
 A collector that cannot answer in time yields no samples for its series and reports
 `footnote_scrape_collector_success{collector=...} 0`, so one slow dependency never fails
-the whole scrape.
+the whole scrape. The success family is one for all collectors: a name may appear only once.
 """
 
 from __future__ import annotations
@@ -33,21 +33,31 @@ PRIORITY_STEPS = (0, 3, 6, 9)
 DOCUMENT_STATES = tuple(state.value for state in DocumentState)
 
 
-def success_family(collector: str, ok: bool) -> GaugeMetricFamily:
+def success_family(results: Iterable[tuple[str, bool]]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(
         "footnote_scrape_collector_success",
         "1 if the collector answered within its time limit during this scrape, else 0.",
         labels=["collector"],
     )
-    family.add_metric([collector], 1.0 if ok else 0.0)
+    for collector, ok in results:
+        family.add_metric([collector], 1.0 if ok else 0.0)
     return family
+
+
+class ScrapeCollector(Protocol):
+    name: str
+
+    def scrape(self) -> list[Metric] | None:
+        """This scrape's families, or None when the source did not answer in time."""
+
+    def close(self) -> None: ...
 
 
 def queue_keys(queue: str) -> list[str]:
     return [queue if step == 0 else f"{queue}{PRIORITY_SEPARATOR}{step}" for step in PRIORITY_STEPS]
 
 
-class QueueDepthCollector(Collector):
+class QueueDepthCollector:
     """Messages waiting in each Celery queue, read with LLEN from a Redis broker."""
 
     name = "queue_depth"
@@ -62,9 +72,9 @@ class QueueDepthCollector(Collector):
                 broker_url, socket_timeout=timeout, socket_connect_timeout=timeout
             )
 
-    def collect(self) -> Iterator[Metric]:
+    def scrape(self) -> list[Metric] | None:
         if self.client is None:
-            return  # another broker (RabbitMQ): its own exporter has queue depths
+            return []  # another broker (RabbitMQ): its own exporter has queue depths
         try:
             with self.client.pipeline(transaction=False) as pipe:
                 for queue in self.queues:
@@ -73,8 +83,7 @@ class QueueDepthCollector(Collector):
                 lengths = pipe.execute()
         except redis.RedisError as err:
             log.warning("queue depth not collected: %s", type(err).__name__)
-            yield success_family(self.name, False)
-            return
+            return None
         family = GaugeMetricFamily(
             "footnote_queue_messages",
             "Messages waiting in the broker for a worker, by Celery queue.",
@@ -83,15 +92,14 @@ class QueueDepthCollector(Collector):
         steps = len(PRIORITY_STEPS)
         for i, queue in enumerate(self.queues):
             family.add_metric([queue], float(sum(lengths[i * steps : (i + 1) * steps])))
-        yield family
-        yield success_family(self.name, True)
+        return [family]
 
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
 
 
-class DocumentStateCollector(Collector):
+class DocumentStateCollector:
     """Documents in each state (deleted ones left out), with one GROUP BY per scrape."""
 
     name = "documents"
@@ -115,13 +123,12 @@ class DocumentStateCollector(Collector):
 
         return self.db.transact(query)
 
-    def collect(self) -> Iterator[Metric]:
+    def scrape(self) -> list[Metric] | None:
         try:
             counts = self.executor.submit(self.count).result(self.timeout)
         except Exception as err:  # a timeout (FutureTimeout) or the database failing
             log.warning("document states not collected: %s", type(err).__name__)
-            yield success_family(self.name, False)
-            return
+            return None
         family = GaugeMetricFamily(
             "footnote_documents",
             "Documents by state (PENDING, PROCESSING, READY, FAILED); deleted ones left out.",
@@ -129,37 +136,35 @@ class DocumentStateCollector(Collector):
         )
         for state in DOCUMENT_STATES:
             family.add_metric([state], float(counts.get(state, 0)))
-        yield family
-        yield success_family(self.name, True)
+        return [family]
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-class CollectsMetrics(Protocol):
-    def collect(self) -> Iterable[Metric]: ...
+class ScrapeRegistry(Collector):
+    """The process-wide series plus this server's scrape-time collectors, as one registry."""
 
-
-class ScrapeRegistry:
-    """The process-wide series plus this server's own collectors, as one registry to expose."""
-
-    def __init__(self, *collectors: CollectsMetrics, base: CollectorRegistry = REGISTRY) -> None:
+    def __init__(self, *collectors: ScrapeCollector, base: CollectorRegistry = REGISTRY) -> None:
         self.base = base
         self.collectors = collectors
 
     def collect(self) -> Iterator[Metric]:
         yield from self.base.collect()
+        results = []
         for collector in self.collectors:
-            yield from collector.collect()
+            families = collector.scrape()
+            results.append((collector.name, families is not None))
+            yield from families or ()
+        if results:
+            yield success_family(results)
 
     def close(self) -> None:
         for collector in self.collectors:
-            closer = getattr(collector, "close", None)
-            if closer is not None:
-                closer()
+            collector.close()
 
 
-def exposition(registry: CollectsMetrics, accept: str | None) -> tuple[bytes, str]:
+def exposition(registry: Collector, accept: str | None) -> tuple[bytes, str]:
     """The registry in the format the scraper asked for (OpenMetrics or Prometheus text)."""
     encoder, content_type = choose_encoder(accept or "")
     return encoder(registry), content_type  # type: ignore[arg-type]

@@ -47,9 +47,8 @@ from tests.support import bearer, upload, watch
 
 # Text that appears in the document and nowhere else: it must never reach a log line.
 SECRET_SENTENCE = "The vault code for the Zanzibar office is amber-falcon-4471."
-DOCUMENT = (
-    "# Offices\n\nThe Zanzibar office opens at nine and closes at five.\n\n" + SECRET_SENTENCE + "\n"
-).encode()
+OPENING_HOURS = "The Zanzibar office opens at nine and closes at five."
+DOCUMENT = f"# Offices\n\n{OPENING_HOURS}\n\n{SECRET_SENTENCE}\n".encode()
 ANSWER = ["The Zanzibar office opens ", "at nine [1]."]
 STAGES = ("claim", "download", "parse", "chunk", "embed", "index")
 
@@ -66,9 +65,9 @@ class Receiver:
             body = gzip.decompress(body)
         export = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
         for resource_spans in export.resource_spans:
-            service = {
-                a.key: a.value.string_value for a in resource_spans.resource.attributes
-            }.get("service.name")
+            service = {a.key: a.value.string_value for a in resource_spans.resource.attributes}.get(
+                "service.name"
+            )
             for scope in resource_spans.scope_spans:
                 for span in scope.spans:
                     self.spans.append(
@@ -425,9 +424,7 @@ def json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in lines]  # fails the test on any non-JSON line
 
 
-async def test_the_server_logs_one_json_line_per_rpc_without_secrets(
-    exchange, server_log, memory
-):
+async def test_the_server_logs_one_json_line_per_rpc_without_secrets(exchange, server_log, memory):
     text = server_log.getvalue()
     records = json_lines(text)
     rpcs = [r for r in records if r.get("event") == "rpc"]
@@ -467,9 +464,7 @@ async def test_every_worker_line_is_json_with_task_lines_and_no_secrets(
     text = worker_process.log.read_text()
     records = json_lines(text)
     upload_rpc = one_server_span(memory, "footnote.v1.DocumentsService/UploadDocument")
-    tasks = [
-        r for r in records if r.get("event") == "task" and r["task"] == "documents.ingest"
-    ]
+    tasks = [r for r in records if r.get("event") == "task" and r["task"] == "documents.ingest"]
     mine = [r for r in tasks if r.get("document_id") == exchange.document.id]
     assert mine and mine[-1]["outcome"] == "success" and mine[-1]["duration_seconds"] > 0
     assert mine[-1]["trace_id"] == f"{upload_rpc.context.trace_id:032x}"
