@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -60,6 +60,14 @@ class Settings(BaseSettings):
     # A worker serves its pool's metrics here (Prometheus text format); unset serves none.
     worker_metrics_port: int | None = None
     worker_metrics_host: str = "127.0.0.1"
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def lower_log_format(cls, value: object) -> object:
+        # JSON and json mean the same; an empty value means "choose for me".
+        if isinstance(value, str):
+            return value.strip().lower() or None
+        return value
 
 
 @lru_cache(maxsize=1)

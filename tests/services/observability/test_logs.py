@@ -114,6 +114,12 @@ def test_the_format_follows_the_terminal_unless_set():
     assert resolve_format(TEXT, io.StringIO()) == TEXT
 
 
+def test_the_setting_takes_any_case_and_empty_means_unset():
+    assert Settings(_env_file=None, log_format="JSON").log_format == JSON
+    assert Settings(_env_file=None, log_format=" Text ").log_format == TEXT
+    assert Settings(_env_file=None, log_format="").log_format is None
+
+
 def test_an_unknown_format_is_refused():
     with pytest.raises(ValidationError, match="log_format"):
         Settings(_env_file=None, log_format="xml")
