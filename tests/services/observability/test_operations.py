@@ -473,3 +473,19 @@ async def test_every_worker_line_is_json_with_task_lines_and_no_secrets(
     assert exchange.key not in text
     assert SECRET_SENTENCE not in text and "amber-falcon" not in text
     assert "X-Amz-Signature" not in text
+
+
+async def test_a_callers_trace_context_is_continued(stack, exchange, memory):
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    async with grpc.aio.insecure_channel(stack.target) as channel:
+        await apb_grpc.AssistantsServiceStub(channel).ListAssistants(
+            apb.ListAssistantsRequest(),
+            metadata=(*bearer(exchange.key), ("traceparent", f"00-{trace_id}-{parent_id}-01")),
+        )
+    [span] = [
+        s
+        for s in server_spans(memory, "footnote.v1.AssistantsService/ListAssistants")
+        if f"{s.context.trace_id:032x}" == trace_id
+    ]
+    assert f"{span.parent.span_id:016x}" == parent_id and span.parent.is_remote
+    assert span.kind.name == "SERVER"
