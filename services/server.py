@@ -39,7 +39,7 @@ from services.http import create_http_app, start_http
 from services.llm.base import Generator
 from services.llm.factory import create_generator
 from services.observability.interceptor import ObservabilityInterceptor
-from services.observability.tracing import setup_tracing, shutdown_tracing
+from services.observability.tracing import flush_tracing, setup_tracing
 from services.ports import free_port
 from services.retrieval.embeddings import create_embedder
 from services.rpc import FootnoteInterceptor
@@ -197,7 +197,7 @@ async def serve(
         await server.stop(settings.shutdown_grace_seconds)
         await http_runner.cleanup()
         await deps.aclose()
-        shutdown_tracing()
+        flush_tracing()  # the provider itself shuts down at exit
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:
