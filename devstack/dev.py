@@ -47,12 +47,14 @@ def ensure_dev_key(db: Database, state_dir: Path, configured: str | None) -> str
     return key
 
 
-def start_worker(stack: EmbeddedStack, endpoints: Endpoints) -> None:
+def start_worker(stack: EmbeddedStack, endpoints: Endpoints, log_format: str | None) -> None:
     """Starts one worker for every queue, supervised and stopped with the stack."""
+    env = {**os.environ, **endpoints.as_env()}
+    if log_format:
+        # Its output goes to a file, where it would choose JSON; it logs like dev does.
+        env["FOOTNOTE_LOG_FORMAT"] = log_format
     stack.supervise(
-        "worker",
-        [sys.executable, "-m", "footnote.cli", "worker", "--concurrency", "2"],
-        env={**os.environ, **endpoints.as_env()},
+        "worker", [sys.executable, "-m", "footnote.cli", "worker", "--concurrency", "2"], env=env
     )
 
 
@@ -139,7 +141,7 @@ def run_dev(settings: Settings, state_dir: Path, llm: str | None = None) -> None
             finally:
                 db.dispose()
             write_private(state_dir / ENDPOINTS_FILE, json.dumps(endpoints.__dict__))
-            start_worker(stack, endpoints)
+            start_worker(stack, endpoints, settings.log_format)
             if llm == "local":
                 settings = start_local_llm(stack, settings, state_dir)
         asyncio.run(serve_until_signalled(settings, key, state_dir))

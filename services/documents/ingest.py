@@ -29,6 +29,7 @@ from services.db.session import Database
 from services.documents.chunking import Chunk, chunk
 from services.documents.domain import DocumentState
 from services.documents.parsing import DocumentParseError, ParseLimits, parse
+from services.observability.worker_metrics import ingest_stage
 from services.retrieval.embeddings import Embedder, EmbeddingUnavailable
 from services.storage import ObjectMissing, Storage, StorageUnavailable
 
@@ -216,44 +217,50 @@ def ingest_document(
             else (row.object_key, row.sha256, row.content_type, row.display_name)
         )
 
-    claimed = db.transact(take)
+    with ingest_stage("claim"):
+        claimed = db.transact(take)
     if claimed is None:
         log.info("document %s is not waiting for ingestion; nothing to do", document_id)
         return Outcome.SKIPPED
     object_key, sha256, declared_type, name = claimed
     with kept_alive(db, doc_id, lease):
         try:
-            data = storage.read(object_key, limit=options.max_bytes)
+            with ingest_stage("download"):
+                data = storage.read(object_key, limit=options.max_bytes)
         except ObjectMissing:
             mark_failed(
                 db, document_id, "the uploaded file is missing from storage; upload it again"
             )
             return Outcome.FAILED
         try:
-            extracted = parse(
-                data, declared_type, name, limits=ParseLimits(max_input_bytes=options.max_bytes)
-            )
-            pieces = chunk(
-                extracted, max_chars=options.chunk_chars, overlap_chars=options.overlap_chars
-            )
+            with ingest_stage("parse"):
+                extracted = parse(
+                    data, declared_type, name, limits=ParseLimits(max_input_bytes=options.max_bytes)
+                )
+            with ingest_stage("chunk"):
+                pieces = chunk(
+                    extracted, max_chars=options.chunk_chars, overlap_chars=options.overlap_chars
+                )
         except DocumentParseError as err:
             mark_failed(db, document_id, err.message)
             return Outcome.FAILED
         if not pieces:
             mark_failed(db, document_id, "the document contains no text to index")
             return Outcome.FAILED
-        vectors = embedder.embed_documents([embedding_input(p) for p in pieces])
-        written = db.transact(
-            lambda s: write_chunks(
-                s,
-                doc_id,
-                sha256,
-                pieces,
-                vectors,
-                extracted.kind.content_type,
-                extracted.page_count or 0,
+        with ingest_stage("embed"):
+            vectors = embedder.embed_documents([embedding_input(p) for p in pieces])
+        with ingest_stage("index"):
+            written = db.transact(
+                lambda s: write_chunks(
+                    s,
+                    doc_id,
+                    sha256,
+                    pieces,
+                    vectors,
+                    extracted.kind.content_type,
+                    extracted.page_count or 0,
+                )
             )
-        )
     if not written:
         log.info("document %s changed or was deleted during ingestion; dropped", document_id)
         return Outcome.SKIPPED

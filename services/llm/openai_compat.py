@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from services.llm.base import (
     TextPiece,
     estimate_tokens,
 )
+from services.observability.metrics import LLM_ERRORS, LLM_TIME_TO_FIRST_TOKEN
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +143,7 @@ class OpenAIGenerator:
             yield answer.finished(request)
         except (Unavailable, httpx.HTTPError, TimeoutError) as err:
             failure = err if isinstance(err, Unavailable) else self._translate(err, answer)
+            LLM_ERRORS.labels(failure.reason).inc()
             if answer.chars:
                 # The caller has already streamed these pieces; it must not keep them.
                 failure.metadata["partial"] = "true"
@@ -309,6 +312,7 @@ class _Answer:
 
     def __init__(self, model: str) -> None:
         self.model = model
+        self.began = time.perf_counter()
         self.chars = 0
         self.text_parts: list[str] = []
         self.finish: FinishReason | None = None
@@ -400,6 +404,8 @@ class _Answer:
             return ""
         if not isinstance(content, str):
             raise self._bad("content that is not a string", data)
+        if content and not self.chars:
+            LLM_TIME_TO_FIRST_TOKEN.observe(time.perf_counter() - self.began)
         self.chars += len(content)
         self.text_parts.append(content)
         return content

@@ -1,0 +1,162 @@
+"""OpenTelemetry: the process's tracer provider, Celery and httpx instrumentation, span helpers.
+
+Spans are always made, so every log line carries the trace id of the call or task it belongs
+to. They leave the process only when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set: then a batch processor sends them over OTLP
+http/protobuf. Without one, no exporter and no export thread exist. `OTEL_SDK_DISABLED=true`
+turns tracing off altogether.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import Any, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+TRACER_NAME = "footnote"
+ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+PROTOCOL_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+
+_lock = threading.Lock()
+_provider: TracerProvider | None = None
+_tracer = trace.get_tracer(TRACER_NAME)
+
+
+def tracer() -> trace.Tracer:
+    """Footnote's tracer; a no-op until setup_tracing installs a provider."""
+    return _tracer
+
+
+def otlp_endpoint() -> str | None:
+    for name in ENDPOINT_VARIABLES:
+        if value := os.environ.get(name, "").strip():
+            return value
+    return None
+
+
+def tracing_disabled() -> bool:
+    return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
+def setup_tracing(
+    service_name: str, *, exporter: SpanExporter | None = None
+) -> TracerProvider | None:
+    """Installs this process's tracer provider and instrumentation, once.
+
+    exporter: spans also go there, synchronously (tests pass an in-memory exporter).
+    """
+    global _provider
+    with _lock:
+        if _provider is not None:
+            if exporter is not None:
+                _provider.add_span_processor(SimpleSpanProcessor(exporter))
+            return _provider
+        if tracing_disabled():
+            return None
+        attributes: dict[str, Any] = {}
+        if not os.environ.get("OTEL_SERVICE_NAME"):
+            attributes[SERVICE_NAME] = service_name
+        provider = TracerProvider(resource=Resource.create(attributes))
+        if exporter is not None:
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+        if (endpoint := otlp_endpoint()) is not None:
+            provider.add_span_processor(BatchSpanProcessor(otlp_exporter()))
+            log.info("exporting traces over OTLP to %s", endpoint)
+        trace.set_tracer_provider(provider)
+        instrument_libraries(provider)
+        _provider = provider
+        return provider
+
+
+def otlp_exporter() -> SpanExporter:
+    # Only http/protobuf is installed; the exporter reads the other OTEL_EXPORTER_OTLP_* itself.
+    for name in PROTOCOL_VARIABLES:
+        protocol = os.environ.get(name, "").strip()
+        if protocol and protocol != "http/protobuf":
+            log.warning("%s=%s is not supported; sending http/protobuf", name, protocol)
+            break
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()
+
+
+def instrument_libraries(provider: TracerProvider) -> None:
+    """Celery: context in task headers and a span per publish and run; httpx: upstream calls."""
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+    CeleryInstrumentor().instrument(tracer_provider=provider)
+    HTTPXClientInstrumentor().instrument(tracer_provider=provider)
+
+
+def flush_tracing(timeout_millis: int = 5000) -> None:
+    """Sends what the batch processor still holds (a pool process exits without atexit)."""
+    if _provider is not None:
+        _provider.force_flush(timeout_millis)
+
+
+def shutdown_tracing() -> None:
+    if _provider is not None:
+        _provider.shutdown()
+
+
+def mark_failed(span: trace.Span, exc: BaseException) -> None:
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+
+
+async def traced(name: str, work: Awaitable[T], attributes: Mapping[str, Any] | None = None) -> T:
+    """Awaits work inside a span; threads it starts with asyncio.to_thread inherit the span."""
+    with tracer().start_as_current_span(name, attributes=attributes):
+        return await work
+
+
+async def traced_stream(
+    name: str, events: AsyncIterator[T], attributes: Mapping[str, Any] | None = None
+) -> AsyncIterator[T]:
+    """Passes events through, each step of the source running inside one span.
+
+    The span is current only while the source runs, never across a yield, so the consumer's
+    own work between events is not attributed to it.
+    """
+    span = tracer().start_span(name, attributes=attributes)
+    current = trace.set_span_in_context(span)
+    try:
+        while True:
+            token = otel_context.attach(current)
+            try:
+                event = await anext(events)
+            except StopAsyncIteration:
+                break
+            finally:
+                otel_context.detach(token)
+            yield event
+    except (GeneratorExit, asyncio.CancelledError):
+        raise  # closed early by the consumer: not a failure of this step
+    except BaseException as exc:
+        mark_failed(span, exc)
+        raise
+    finally:
+        close = getattr(events, "aclose", None)
+        try:
+            if close is not None:
+                token = otel_context.attach(current)
+                try:
+                    await close()
+                finally:
+                    otel_context.detach(token)
+        finally:
+            span.end()

@@ -1,0 +1,128 @@
+"""Tracing setup and the span helpers, without a stack."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from services.observability import tracing
+
+PROBE = """
+import json, os, threading
+from services.observability.tracing import setup_tracing
+provider = setup_tracing("probe")
+from opentelemetry import trace
+with trace.get_tracer("p").start_as_current_span("s") as span:
+    valid = span.get_span_context().is_valid
+print(json.dumps({
+    "installed": provider is not None,
+    "processors": 0 if provider is None else len(provider._active_span_processor._span_processors),
+    "threads": sorted(t.name for t in threading.enumerate()),
+    "valid_span": valid,
+}))
+"""
+
+
+def probe(**env: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**clean, "PYTHONPATH": os.getcwd(), **env},
+    ).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def test_without_an_endpoint_spans_exist_but_nothing_exports():
+    got = probe()
+    assert got["installed"] and got["valid_span"]
+    assert got["processors"] == 0
+    assert got["threads"] == ["MainThread"]
+
+
+def test_an_endpoint_starts_the_otlp_batch_exporter():
+    # Port 9 (discard) on loopback: nothing is sent before the probe exits.
+    got = probe(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_BSP_SCHEDULE_DELAY="60000")
+    assert got["processors"] == 1
+    assert any("OtelBatch" in name for name in got["threads"]), got["threads"]
+
+
+def test_the_sdk_can_be_switched_off():
+    got = probe(OTEL_SDK_DISABLED="true")
+    assert not got["installed"] and not got["valid_span"]
+
+
+@pytest.fixture
+def exporter(monkeypatch) -> InMemorySpanExporter:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("footnote"))
+    return memory
+
+
+async def source(fail: bool = False):
+    for i in range(3):
+        # Only the source's own work runs inside the span.
+        yield i, trace.get_current_span().get_span_context().span_id
+        await asyncio.sleep(0)
+    if fail:
+        raise RuntimeError("upstream broke")
+
+
+async def test_a_traced_stream_is_current_only_while_the_source_runs(exporter):
+    outside = []
+    async for _, inner_span_id in tracing.traced_stream("gen", source()):
+        outside.append(trace.get_current_span().get_span_context().span_id)
+        assert inner_span_id != outside[-1]
+    [span] = exporter.get_finished_spans()
+    assert span.name == "gen" and span.status.status_code is StatusCode.UNSET
+
+
+async def test_a_failing_source_marks_the_span(exporter):
+    with pytest.raises(RuntimeError):
+        async for _ in tracing.traced_stream("gen", source(fail=True)):
+            pass
+    [span] = exporter.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.events[0].name == "exception"
+
+
+async def test_closing_early_ends_the_span_and_the_source(exporter):
+    closed = asyncio.Event()
+
+    async def endless():
+        try:
+            while True:
+                yield 1
+                await asyncio.sleep(0)
+        finally:
+            closed.set()
+
+    stream = tracing.traced_stream("gen", endless())
+    await anext(stream)
+    await stream.aclose()
+    assert closed.is_set()
+    [span] = exporter.get_finished_spans()
+    assert span.status.status_code is StatusCode.UNSET
+
+
+async def test_traced_work_is_the_parent_of_threads_it_starts(exporter):
+    def in_thread() -> int:
+        return trace.get_current_span().get_span_context().span_id
+
+    span_id = await tracing.traced("work", asyncio.to_thread(in_thread))
+    [span] = exporter.get_finished_spans()
+    assert span.context.span_id == span_id
