@@ -29,6 +29,7 @@ from services.evidence.quotes import Window, quote_location, sentences_of, windo
 from services.evidence.scorer import (
     CALIBRATION,
     Calibration,
+    Features,
     content_terms,
     features,
     is_claim,
@@ -115,6 +116,7 @@ class AnswerEvidence:
                 sentence_terms=[content_terms(chunk.text[a:b]) for a, b in ranges],
             )
         self._vectors: dict[str, np.ndarray] = {}
+        self._features: dict[tuple[str, int, int, int], tuple[Features, float | None]] = {}
         self._done: dict[tuple[int, int, str, tuple[int, ...]], Judgement] = {}
         self._lock = threading.Lock()
 
@@ -219,12 +221,15 @@ class AnswerEvidence:
         self, sentence: CitationSpan, source: _Source, windows: list[Window], origin: CitationOrigin
     ) -> Evidence:
         calibration = self._builder.calibration
-        claim_vector = self._vectors[sentence.cited_text]
         scored: list[tuple[float, float, Window]] = []
         for window in windows:
-            quote = source.text[window.start : window.end]
+            f, settled = self._settled(sentence, source, window)
+            if settled is not None:
+                scored.append((settled, relevance(f, calibration), window))
+                continue
+            claim_vector = self._vectors[sentence.cited_text]
             cosine = float(np.dot(claim_vector, self._window_vector(source, window)))
-            f = features(sentence.cited_text, quote, cosine)
+            f = replace(f, cosine=cosine)
             scored.append((support_score(f, calibration), relevance(f, calibration), window))
         score, _, window = max(scored, key=lambda item: item[0])
         if score < calibration.partial:
@@ -239,14 +244,36 @@ class AnswerEvidence:
             origin=origin,
         )
 
+    def _settled(
+        self, sentence: CitationSpan, source: _Source, window: Window
+    ) -> tuple[Features, float | None]:
+        """The checks' features, and the score when they settle the verdict whatever the cosine.
+
+        The score rises with the cosine, so if the lowest and the highest cosine give the same
+        verdict, embedding cannot change it; the score is then the middle of that range. This is
+        exact, not an approximation, and it spares most embeddings: a sentence copied from its
+        source, a changed number, a source that shares no words with the sentence.
+        """
+        key = (sentence.cited_text, source.index, window.start, window.end)
+        held = self._features.get(key)
+        if held is None:
+            calibration = self._builder.calibration
+            quote = source.text[window.start : window.end]
+            f = features(sentence.cited_text, quote, -1.0)
+            low = support_score(f, calibration)
+            high = support_score(replace(f, cosine=1.0), calibration)
+            same = verdict_for(low, calibration) == verdict_for(high, calibration)
+            held = self._features[key] = (f, (low + high) / 2 if same else None)
+        return held
+
     def _embed_plans(self, plans: list[tuple[CitationSpan, dict[_Source, list[Window]]]]) -> None:
         texts: set[str] = set()
         for sentence, plan in plans:
-            if not plan:
-                continue
-            texts.add(sentence.cited_text)
             for source, windows in plan.items():
                 for w in windows:
+                    if self._settled(sentence, source, w)[1] is not None:
+                        continue
+                    texts.add(sentence.cited_text)
                     texts.update(
                         source.text[a:b] for a, b in source.sentences[w.first : w.last + 1]
                     )

@@ -148,26 +148,65 @@ def agreement(items: Iterable[Scored], calibration: Calibration) -> float:
 
 # The search space of fit(): coarse on purpose, so the fit has few degrees of freedom.
 GRID = {
-    "cosine_weight": (0.3, 0.45, 0.6, 0.75),
-    "cosine_floor": (0.1, 0.25, 0.4),
-    "negation_penalty": (0.2, 0.35, 0.5),
-    "name_penalty": (0.1, 0.2),
-    "supported": (0.55, 0.6, 0.65, 0.7, 0.75, 0.8),
-    "partial": (0.35, 0.4, 0.45, 0.5, 0.55, 0.6),
+    "cosine_weight": (0.4, 0.5, 0.6, 0.7, 0.8),
+    "cosine_floor": (0.0, 0.2, 0.4),
+    "negation_penalty": (0.2, 0.3, 0.4),
+    "antonym_penalty": (0.1, 0.25),
+    "name_penalty": (0.05, 0.1, 0.2),
+    "number_missing_penalty": (0.0, 0.15),
 }
+THRESHOLDS = tuple(round(0.3 + 0.05 * i, 2) for i in range(12))  # 0.30 .. 0.85
 
 
 def fit(items: Sequence[Scored], start: Calibration = CALIBRATION) -> Calibration:
-    """The grid point with the best agreement on items (ties keep the earlier point)."""
-    best, best_agreement = start, agreement(items, start)
+    """The grid point (weights, then both thresholds) with the best agreement on items."""
+    matrix, owner = _feature_matrix(items)
+    labels = np.array([LABELS.index(i.claim.verdict) for i in items])
+    best, best_agreement = start, -1.0
     keys = list(GRID)
     for values in itertools.product(*(GRID[k] for k in keys)):
-        candidate = replace(start, **dict(zip(keys, values, strict=True)))
-        if candidate.partial >= candidate.supported:
-            continue
-        value = agreement(items, candidate)
-        if value > best_agreement + 1e-9:
-            best, best_agreement = candidate, value
+        weights = dict(zip(keys, values, strict=True))
+        scores = _best_scores(matrix, owner, len(items), replace(start, **weights))
+        for supported, partial in itertools.product(THRESHOLDS, THRESHOLDS):
+            if partial >= supported:
+                continue
+            predicted = np.where(scores >= supported, 0, np.where(scores >= partial, 1, 2))
+            value = float((predicted == labels).mean())
+            if value > best_agreement + 1e-9:
+                best_agreement = value
+                best = replace(start, **weights, supported=supported, partial=partial)
+    return best
+
+
+def _feature_matrix(items: Sequence[Scored]) -> tuple[np.ndarray, np.ndarray]:
+    rows, owner = [], []
+    for k, item in enumerate(items):
+        for f in item.candidates:
+            rows.append(
+                (
+                    f.cosine,
+                    f.coverage,
+                    f.number_changed,
+                    f.number_missing,
+                    f.negation_mismatch,
+                    f.antonym,
+                    min(f.missing_names, 2),
+                )
+            )
+            owner.append(k)
+    return np.array(rows, dtype=float).reshape(-1, 7), np.array(owner, dtype=int)
+
+
+def _best_scores(matrix: np.ndarray, owner: np.ndarray, n: int, c: Calibration) -> np.ndarray:
+    """support_score of every candidate, vectorised; then the best per claim."""
+    cosine = np.maximum(0.0, (matrix[:, 0] - c.cosine_floor) / (1.0 - c.cosine_floor))
+    score = c.cosine_weight * cosine + (1.0 - c.cosine_weight) * matrix[:, 1]
+    score -= c.negation_penalty * matrix[:, 4] + c.antonym_penalty * matrix[:, 5]
+    score -= c.number_missing_penalty * matrix[:, 3] + c.name_penalty * matrix[:, 6]
+    score = np.where(matrix[:, 2] > 0, np.minimum(score, c.partial - 0.01) * 0.5, score)
+    score = np.clip(score, 0.0, 1.0)
+    best = np.full(n, -1.0)
+    np.maximum.at(best, owner, score)
     return best
 
 
@@ -198,13 +237,22 @@ def report(items: Sequence[Scored], calibration: Calibration = CALIBRATION) -> R
     )
 
 
-def score_claims(path: str | Path, embedder: TextEmbedder | None = None) -> Report:
-    """Agreement of the shipped calibration with the labels in path (JSON lines)."""
+def score_claims(
+    path: str | Path, embedder: TextEmbedder | None = None, *, refit: bool = False
+) -> Report:
+    """Agreement of the shipped calibration with the labels in path (JSON lines).
+
+    With refit, the calibration is first fitted on the training split, and the report shows it.
+    """
     if embedder is None:
         from services.retrieval.embeddings import LocalEmbedder
 
         embedder = LocalEmbedder()
-    return report(featurize(load_claims(path), embedder))
+    items = featurize(load_claims(path), embedder)
+    calibration = CALIBRATION
+    if refit:
+        calibration = fit([i for i in items if in_training_split(i.claim)])
+    return report(items, calibration)
 
 
 def counts(items: Sequence[Scored]) -> Counter[str]:

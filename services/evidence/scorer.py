@@ -35,6 +35,8 @@ _NEGATION_TEXT = "not no never without cannot none neither nor nothing nobody n'
 NEGATIONS = frozenset(_NEGATION_TEXT.split())
 # How many content words after a negation it covers ("does not terminate the licenses").
 NEGATION_SCOPE = 4
+# A negation reaches no further than its clause.
+_CLAUSE_END = re.compile(r"[.;:!?。；：！？]\s|[,，]\s+(?:but|and|while|whereas)\b")
 # Words whose swap reverses a statement ("may" -> "must" is a modality flip in a licence).
 _ANTONYM_PAIRS = (
     ("longest", "shortest"), ("long", "short"), ("before", "after"), ("more", "less"),
@@ -105,13 +107,14 @@ def numbers(text: str) -> set[str]:
 def negated_terms(text: str) -> set[str]:
     """Stemmed content words that follow a negation closely enough to be what it negates."""
     out: set[str] = set()
-    left = 0
-    for w in words(text):
-        if w in NEGATIONS:
-            left = NEGATION_SCOPE
-        elif left and w not in STOPWORDS:
-            out.add(stem(w))
-            left -= 1
+    for clause in _CLAUSE_END.split(text):
+        left = 0
+        for w in words(clause):
+            if w in NEGATIONS:
+                left = NEGATION_SCOPE
+            elif left and w not in STOPWORDS:
+                out.add(stem(w))
+                left -= 1
     return out
 
 
@@ -146,14 +149,14 @@ class Features:
 class Calibration:
     """Weights and thresholds of support_score and verdict_for; fitted on eval/claims.jsonl."""
 
-    cosine_weight: float = 0.55
-    cosine_floor: float = 0.25  # a cosine at or below this counts as 0
-    negation_penalty: float = 0.35
-    antonym_penalty: float = 0.25
-    name_penalty: float = 0.15
+    cosine_weight: float = 0.4
+    cosine_floor: float = 0.4  # a cosine at or below this counts as 0
+    negation_penalty: float = 0.2
+    antonym_penalty: float = 0.1
+    name_penalty: float = 0.2
     number_missing_penalty: float = 0.15
-    supported: float = 0.70
-    partial: float = 0.50
+    supported: float = 0.5
+    partial: float = 0.35
 
 
 CALIBRATION = Calibration()
