@@ -129,7 +129,7 @@ def main() -> None:
             )
             began = time.perf_counter()
             text, extraction = asyncio.run(generate(request, len(manifest.sources)))
-            _, citations = finalize_extraction(extraction, manifest.sources)
+            finalize_extraction(extraction, manifest.sources)
             generation_ms.append((time.perf_counter() - began) * 1000)
             unmarked = _MARKERS.sub("", text)
             for kind, answer in (("cited", text), ("unmarked", unmarked)):

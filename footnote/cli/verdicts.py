@@ -45,6 +45,7 @@ def report_lines(report: Report) -> list[str]:
     lines = [
         f"claims: {report.total}",
         f"agreement: {report.agreement:.3f}",
+        f"SUPPORTED against the rest: {report.supported_agreement:.3f}",
         f"train split: {report.train_agreement:.3f}   held-out split: "
         f"{report.heldout_agreement:.3f} ({report.heldout_total} claims)",
         "",

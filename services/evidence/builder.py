@@ -71,7 +71,7 @@ class _Source:
     chunk: RetrievedChunk
     sentences: list[tuple[int, int]]
     windows: list[Window]
-    sentence_terms: list[set[str]]
+    sentence_terms: list[frozenset[str]]
 
 
 class EvidenceBuilder:
@@ -333,7 +333,7 @@ def _key(span: CitationSpan) -> tuple[int, int, str, tuple[int, ...]]:
     return (span.start, span.end, span.cited_text, span.source_indices)
 
 
-def _rank_windows(source: _Source, terms: set[str]) -> list[tuple[float, Window]]:
+def _rank_windows(source: _Source, terms: frozenset[str]) -> list[tuple[float, Window]]:
     """Windows by the share of the sentence's words they hold; shorter windows win ties."""
     if not terms:
         return [(0.0, w) for w in source.windows[:WINDOWS_PER_SOURCE]]

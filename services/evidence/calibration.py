@@ -66,6 +66,8 @@ class Scored:
 class Report:
     total: int
     agreement: float
+    # Agreement on SUPPORTED against the rest (PARTIAL and UNSUPPORTED together).
+    supported_agreement: float
     confusion: dict[str, dict[str, int]]  # label -> predicted -> count
     by_trap: dict[str, float]
     train_agreement: float
@@ -224,9 +226,14 @@ def report(items: Sequence[Scored], calibration: Calibration = CALIBRATION) -> R
             )
     train = [i for i in items if in_training_split(i.claim)]
     held = [i for i in items if not in_training_split(i.claim)]
+    rest = [p for p in LABELS if p != "SUPPORTED"]
+    binary = confusion["SUPPORTED"]["SUPPORTED"] + sum(
+        confusion[label][p] for label in rest for p in rest
+    )
     return Report(
         total=len(items),
         agreement=round(agreement(items, calibration), 4),
+        supported_agreement=round(binary / max(1, len(items)), 4),
         confusion=confusion,
         by_trap={t: round(sum(v) / len(v), 4) for t, v in sorted(per_trap.items())},
         train_agreement=round(agreement(train, calibration), 4),

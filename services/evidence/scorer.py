@@ -11,6 +11,7 @@ and names; the weights and thresholds are calibrated on eval/claims.jsonl (docs/
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -63,6 +64,7 @@ _NUMBER_WORDS = {
 _SUFFIXES = ("ations", "ation", "ings", "ing", "edly", "ed", "ies", "es", "ly", "s")
 
 
+@functools.lru_cache(maxsize=65536)
 def stem(word: str) -> str:
     """A light stemmer: strips one common English suffix so "licensed" meets "licenses"."""
     if len(word) <= 3:
@@ -78,7 +80,8 @@ def stem(word: str) -> str:
     return word[:-1] if word.endswith("e") else word
 
 
-def words(text: str) -> list[str]:
+@functools.lru_cache(maxsize=8192)
+def words(text: str) -> tuple[str, ...]:
     """Lower-case words; CJK text, which has no spaces, counts one word per character."""
     out: list[str] = []
     for match in _WORD.finditer(text.lower()):
@@ -89,12 +92,13 @@ def words(text: str) -> list[str]:
             out.extend((token[:-3], "n't"))
         else:
             out.append(token)
-    return out
+    return tuple(out)
 
 
-def content_terms(text: str) -> set[str]:
+@functools.lru_cache(maxsize=8192)
+def content_terms(text: str) -> frozenset[str]:
     """The stemmed words of text that carry meaning (stop words and numbers left out)."""
-    return {stem(w) for w in words(text) if w not in STOPWORDS and not w.isdigit()}
+    return frozenset(stem(w) for w in words(text) if w not in STOPWORDS and not w.isdigit())
 
 
 def numbers(text: str) -> set[str]:
@@ -187,7 +191,7 @@ def features(sentence: str, quote: str, cosine: float) -> Features:
 
 
 def _negation_mismatch(
-    sentence: str, quote: str, claim_terms: set[str], quote_terms: set[str]
+    sentence: str, quote: str, claim_terms: frozenset[str], quote_terms: frozenset[str]
 ) -> bool:
     """A word the two share is negated on one side only."""
     shared = claim_terms & quote_terms
