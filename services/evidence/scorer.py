@@ -247,10 +247,19 @@ _ABSTAINS = re.compile(
 )
 
 
+# Lines of code or of a table that the sentence splitter hands over like prose.
+_CODE_LIKE = re.compile(
+    r"^\s*(?:```|\||(?:def|class|import|from|return|print|const|let|var|func|fn)\b)|"
+    r"[{};]\s*$|\s(?:=|==|!=|=>|->|\+=|:=)\s|\w\(\S*\)\s*$"
+)
+
+
 def is_claim(sentence: str) -> bool:
     """True for a sentence that states something: not a greeting, a question or an abstention."""
     text = sentence.strip()
     if not text or text.endswith(("?", "？")):
+        return False
+    if _CODE_LIKE.search(text):
         return False
     if _NOT_A_CLAIM.match(text) and len(words(text)) <= 8:
         return False

@@ -73,6 +73,10 @@ def test_scores_stay_in_the_unit_interval() -> None:
         "The documents do not say how much a ticket costs.",
         "I could not find that in the sources.",
         "Here is what I found:",
+        "x = capitals[1]",
+        "print(load_dotenv())",
+        "| Paris | France |",
+        "```python",
     ],
 )
 def test_what_is_not_a_claim(sentence: str) -> None:
