@@ -7,6 +7,7 @@ sentence judged while streaming is not embedded again when the answer is finishe
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -37,6 +38,9 @@ from services.evidence.scorer import (
     support_score,
     verdict_for,
 )
+from services.retrieval.embeddings import EmbeddingError
+
+log = logging.getLogger(__name__)
 
 # Candidate quotes embedded per source: the best ones by word overlap with the sentence.
 WINDOWS_PER_SOURCE = 2
@@ -204,15 +208,23 @@ class AnswerEvidence:
     def _embed(self, texts: list[str]) -> None:
         if not texts:
             return
-        vectors = self._builder.embedder.embed_documents(texts)
+        try:
+            vectors = self._builder.embedder.embed_documents(texts)
+        except EmbeddingError:
+            # Evidence must not cost the answer: without vectors the checks score with the
+            # lowest cosine, which can only understate support.
+            log.warning("evidence scored without embeddings: the embedder failed", exc_info=True)
+            return
         for text, vector in zip(texts, vectors, strict=True):
             self._vectors[text] = np.asarray(vector, dtype=np.float32)
 
-    def _window_vector(self, source: _Source, window: Window) -> np.ndarray:
+    def _window_vector(self, source: _Source, window: Window) -> np.ndarray | None:
         parts = [
-            self._vectors[source.text[a:b]]
+            self._vectors.get(source.text[a:b])
             for a, b in source.sentences[window.first : window.last + 1]
         ]
+        if any(part is None for part in parts):
+            return None
         total = np.sum(parts, axis=0)
         norm = float(np.linalg.norm(total))
         return total / norm if norm > 0 else total
@@ -227,9 +239,10 @@ class AnswerEvidence:
             if settled is not None:
                 scored.append((settled, relevance(f, calibration), window))
                 continue
-            claim_vector = self._vectors[sentence.cited_text]
-            cosine = float(np.dot(claim_vector, self._window_vector(source, window)))
-            f = replace(f, cosine=cosine)
+            claim_vector = self._vectors.get(sentence.cited_text)
+            window_vector = self._window_vector(source, window)
+            if claim_vector is not None and window_vector is not None:
+                f = replace(f, cosine=float(np.dot(claim_vector, window_vector)))
             scored.append((support_score(f, calibration), relevance(f, calibration), window))
         score, _, window = max(scored, key=lambda item: item[0])
         if score < calibration.partial:

@@ -24,6 +24,7 @@ from services.conversations.snapshot import citations_from_json, citations_to_js
 from services.evidence.builder import EvidenceBuilder
 from services.evidence.scorer import words
 from services.evidence.streaming import SentenceTracker
+from services.retrieval.embeddings import EmbeddingError
 
 DOCS = {
     "paris.md": "# Paris\n\nParis is the capital of France and sits on the Seine. "
@@ -178,3 +179,24 @@ def test_the_snapshot_keeps_evidence_and_reads_old_snapshots() -> None:
     assert legacy.uncited_claims == () and legacy.attributed_indices == ()
     assert all(s.evidence == () and s.verdict == SupportVerdict.UNSPECIFIED for s in legacy.spans)
     assert [s.cited_text for s in legacy.spans] == [s.cited_text for s in c.spans]
+
+
+class BrokenEmbedder:
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        raise EmbeddingError("the model failed")
+
+
+def test_a_failing_embedder_costs_the_scores_not_the_answer() -> None:
+    m = manifest()
+    ex = extract(answer_for(m), len(m.sources))
+    _, base = finalize_extraction(ex, m.sources)
+    c = (
+        EvidenceBuilder(BrokenEmbedder())
+        .for_answer(m.sources, m.chunks)
+        .finish(ex.text, ex.markers, base)
+    )
+    spans = {s.cited_text: s for s in c.spans}
+    # Settled without the cosine: a copied sentence and a changed number.
+    assert spans["Paris is the capital of France."].verdict == SupportVerdict.SUPPORTED
+    assert spans["Paris had 3,100,000 inhabitants in 2020."].verdict == SupportVerdict.UNSUPPORTED
+    assert all(s.evidence for s in c.spans)
