@@ -7,9 +7,12 @@ import math
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.citations import (
     CitationOrigin,
+    MarkerBuffer,
     RetrievedChunk,
     ScoreKind,
     SourceLocation,
@@ -200,3 +203,32 @@ def test_a_failing_embedder_costs_the_scores_not_the_answer() -> None:
     assert spans["Paris is the capital of France."].verdict == SupportVerdict.SUPPORTED
     assert spans["Paris had 3,100,000 inhabitants in 2020."].verdict == SupportVerdict.UNSUPPORTED
     assert all(s.evidence for s in c.spans)
+
+
+PIECES = st.sampled_from(
+    [
+        "Revenue grew", " by 3.5%", ".", " ", "[1]", "[2]", " [1][2]", "\n", "\n\n", "- ",
+        "e.g. ", "Dr. Smith", " said so", "!", "?", "…", "。", "東京", "é", "🎉", "`a[1]`",
+        "```\ncode [1]\n```\n", "3.", "14", "Mr", "foo", " bar", "[", "]", "1", "(x)",
+    ]
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(PIECES, max_size=40), st.lists(st.integers(1, 12), min_size=1, max_size=20))
+def test_a_sentence_reported_while_streaming_is_final(pieces, steps) -> None:
+    text = "".join(pieces)
+    buffer = MarkerBuffer(2)
+    tracker = SentenceTracker()
+    reported = []
+    i = k = 0
+    while i < len(text):
+        step = steps[k % len(steps)]
+        buffer.feed(text[i : i + step])
+        reported.extend(tracker.complete(buffer.output, buffer.markers))
+        i, k = i + step, k + 1
+    buffer.finish()
+    result = buffer.result()
+    final = answer_sentences(result.text, result.markers)
+    assert all(s in final for s in reported)
+    assert len(reported) == len({(s.start, s.end) for s in reported})
