@@ -1,4 +1,4 @@
-"""`footnote ask`: stream an answer, then list the sources it cited in the chosen style."""
+"""`footnote ask`: stream an answer, then list its sources in the chosen style and its evidence."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from footnote.cli.connection import ApiKeyOpt, ClientStateDirOpt, JsonOpt, TargetOpt, connect, fail
+from footnote.cli.evidence_view import evidence_lines
 from footnote.cli.output import print_json
 from footnote.client import stream_answer, styled_sources_lines
 from footnote.v1 import chat_service_pb2 as cpb
@@ -84,5 +85,10 @@ def ask(
     if lines:
         print("\nSources:")
         for line in lines:
+            print(line)
+    evidence = evidence_lines(response)
+    if evidence:
+        print()
+        for line in evidence:
             print(line)
     print(f"\nconversation {response.conversation_id}")

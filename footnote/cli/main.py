@@ -21,6 +21,7 @@ app = typer.Typer(
 API_PANEL = "Calling the API"
 keys_app = typer.Typer(help="Manage API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+app.command("eval-claims")(importlib.import_module("footnote.cli.verdicts").eval_claims)
 
 
 class LLM(StrEnum):

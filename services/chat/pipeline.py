@@ -18,6 +18,7 @@ from services.assistants.domain import get_assistant as load_assistant
 from services.chat.gate import needs_retrieval
 from services.citations import (
     Citations,
+    CitationSpan,
     CitationStyle,
     Delta,
     MarkerBuffer,
@@ -33,6 +34,8 @@ from services.conversations.snapshot import citations_from_json, citations_to_js
 from services.conversations.store import Turn
 from services.db.session import Database
 from services.errors import InvalidArgument
+from services.evidence.builder import AnswerEvidence, EvidenceBuilder
+from services.evidence.streaming import SentenceTracker
 from services.llm.base import (
     Finished,
     FinishReason,
@@ -43,7 +46,7 @@ from services.llm.base import (
 )
 from services.observability.metrics import RETRIEVAL_DURATION
 from services.observability.tracing import traced, traced_stream
-from services.retrieval.embeddings import Embedder
+from services.retrieval.embeddings import Embedder, LocalEmbedder
 from services.retrieval.search import hybrid_search
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -63,6 +66,7 @@ class ChatOptions:
     strip_invalid: bool = False
     temperature: float | None = None
     max_output_tokens: int | None = None
+    attribute: bool | None = None  # None means on
 
 
 @dataclass(frozen=True)
@@ -106,11 +110,18 @@ class AnswerCitation:
 
 
 @dataclass(frozen=True)
+class AnswerSpan:
+    """A sentence whose evidence is ready: cited by a marker or attributed."""
+
+    span: CitationSpan
+
+
+@dataclass(frozen=True)
 class AnswerComplete:
     result: ChatResult
 
 
-AnswerEvent = AnswerDelta | AnswerCitation | AnswerComplete
+AnswerEvent = AnswerDelta | AnswerCitation | AnswerSpan | AnswerComplete
 
 
 def answer_events(events: Sequence[StreamEvent]) -> list[AnswerEvent]:
@@ -119,6 +130,14 @@ def answer_events(events: Sequence[StreamEvent]) -> list[AnswerEvent]:
         AnswerDelta(e.text) if isinstance(e, Delta) else AnswerCitation(e.index, e.end)
         for e in events
     ]
+
+
+async def spans_of(judge: AnswerEvidence, sentences: list[CitationSpan]) -> list[CitationSpan]:
+    """The spans among complete sentences, with their evidence (scored off the event loop)."""
+    if not sentences:
+        return []
+    judged = await asyncio.to_thread(judge.judge, sentences)
+    return [j.span for j in judged if j.span is not None]
 
 
 def validate(inp: ChatInput) -> None:
@@ -160,11 +179,15 @@ class ChatEngine:
         embedder: Embedder,
         generator: Generator,
         presenter: CitationPresenter,
+        evidence: EvidenceBuilder | None = None,
     ) -> None:
         self.db = db
         self.embedder = embedder
         self.generator = generator
         self.presenter = presenter
+        # Evidence scores with the local model whatever retrieval embeds with: its thresholds
+        # are calibrated on that model.
+        self.evidence = evidence or EvidenceBuilder(LocalEmbedder())
 
     async def answer(self, tenant_id: str, inp: ChatInput) -> AsyncIterator[AnswerEvent]:
         validate(inp)
@@ -217,6 +240,11 @@ class ChatEngine:
         )
 
         buffer = MarkerBuffer(len(manifest.sources), strip_invalid=inp.options.strip_invalid)
+        judge = self.evidence.for_answer(
+            manifest.sources, manifest.chunks, attribute=inp.options.attribute is not False
+        )
+        tracker = SentenceTracker()
+        sent: set[tuple[int, int]] = set()  # spans already streamed, by range
         pieces: list[str] = []  # the answer as generated, used when there is no buffer
         finished = Finished()
         # aclosing: a cancelled stream closes the generator, and with it the upstream request,
@@ -234,6 +262,10 @@ class ChatEngine:
                 if cite:
                     for out in answer_events(buffer.feed(event.text)):
                         yield out
+                    complete = tracker.complete(buffer.output, buffer.markers)
+                    for span in await spans_of(judge, complete):
+                        sent.add((span.start, span.end))
+                        yield AnswerSpan(span)
                 else:
                     pieces.append(event.text)
                     yield AnswerDelta(event.text)
@@ -241,7 +273,12 @@ class ChatEngine:
         if cite:
             for out in answer_events(buffer.finish()):
                 yield out
-            text, citations = finalize_extraction(buffer.result(), manifest.sources)
+            extraction = buffer.result()
+            text, citations = finalize_extraction(extraction, manifest.sources)
+            citations = await asyncio.to_thread(judge.finish, text, extraction.markers, citations)
+            for span in citations.spans:
+                if (span.start, span.end) not in sent:
+                    yield AnswerSpan(span)
             snapshot = citations_to_json(citations, inp.options.style)
         else:
             text, snapshot = "".join(pieces), None

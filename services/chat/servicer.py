@@ -13,13 +13,14 @@ from services.chat.pipeline import (
     AnswerCitation,
     AnswerComplete,
     AnswerDelta,
+    AnswerSpan,
     ChatEngine,
     ChatInput,
     ChatOptions,
     ChatResult,
 )
 from services.citations import CitationStyle
-from services.conversations.convert import citations_to_proto
+from services.conversations.convert import citations_to_proto, span_to_proto
 from services.conversations.store import Turn
 from services.errors import InvalidArgument
 from services.llm.base import FinishReason, Retrieval
@@ -57,6 +58,7 @@ def to_input(request: pb.CompleteRequest) -> ChatInput:
         strip_invalid=o.strip_invalid_markers,
         temperature=o.temperature if o.HasField("temperature") else None,
         max_output_tokens=o.max_output_tokens if o.HasField("max_output_tokens") else None,
+        attribute=o.enable_attribution if o.HasField("enable_attribution") else None,
     )
     return ChatInput(
         assistant_id=request.assistant_id,
@@ -120,6 +122,8 @@ class ChatServicer(pb_grpc.ChatServiceServicer):
                     yield pb.StreamCompleteResponse(
                         citation=pb.CitationEvent(source_indices=[event.index], offset=event.offset)
                     )
+                elif isinstance(event, AnswerSpan):
+                    yield pb.StreamCompleteResponse(span=span_to_proto(event.span))
                 elif isinstance(event, AnswerComplete):
                     stats.completed()
                     yield pb.StreamCompleteResponse(complete=to_response(event.result))

@@ -32,6 +32,15 @@ def build_spans(text: str, markers: Sequence[Marker]) -> tuple[CitationSpan, ...
     in; markers right after a sentence's end ("Foo.[1]", "Foo. [1][2]") belong to that
     sentence, and a line holding only markers belongs to the sentence before it.
     """
+    return tuple(span for span in answer_sentences(text, markers) if span.source_indices)
+
+
+def answer_sentences(text: str, markers: Sequence[Marker]) -> tuple[CitationSpan, ...]:
+    """Every sentence of the answer, cited or not, in order, as spans (see build_spans).
+
+    A sentence without markers has no source indices. Offsets come in code points and in
+    UTF-8 bytes.
+    """
     kept = [m for m in markers if m.end > m.start]
     at = {m.start: m for m in kept}
     sentences: list[list[int]] = []  # [start, end] pairs
@@ -53,13 +62,44 @@ def build_spans(text: str, markers: Sequence[Marker]) -> tuple[CitationSpan, ...
         else:
             cited.append((start, end, inside))
     spans: list[CitationSpan] = []
+    bytes_at = ByteOffsets(text)
     for start, end, inside in cited:
         indices = tuple(sorted({i for m in inside for i in m.indices}))
-        if not indices:
-            continue
+        if not indices and not _has_words(text, start, end, inside):
+            continue  # a line of punctuation or of invalid markers states nothing
         cited_text = _without_markers(text, start, end, inside)
-        spans.append(CitationSpan(start, end, indices, cited_text))
+        spans.append(
+            CitationSpan(
+                start,
+                end,
+                indices,
+                cited_text,
+                start_byte=bytes_at(start),
+                end_byte=bytes_at(end),
+            )
+        )
     return tuple(spans)
+
+
+def sentence_ranges(text: str) -> list[tuple[int, int]]:
+    """The sentences of plain text (no markers) as [start, end) code-point ranges, trimmed."""
+    return _sentences(text, {}, set())
+
+
+class ByteOffsets:
+    """Converts code-point offsets of one text into UTF-8 byte offsets, ascending or not."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._cp = 0
+        self._byte = 0
+
+    def __call__(self, offset: int) -> int:
+        if offset < self._cp:
+            self._cp = self._byte = 0
+        self._byte += len(self._text[self._cp : offset].encode("utf-8", "surrogatepass"))
+        self._cp = offset
+        return self._byte
 
 
 def _sentences(

@@ -55,6 +55,16 @@ class MarkerBuffer:
         """The raw upstream text received so far."""
         return "".join(self._raw)
 
+    @property
+    def output(self) -> str:
+        """The text sent in deltas so far."""
+        return "".join(self._out)
+
+    @property
+    def markers(self) -> tuple[Marker, ...]:
+        """The markers found so far, positioned in output."""
+        return tuple(self._markers)
+
     def feed(self, piece: str) -> list[StreamEvent]:
         if self._result is not None:
             raise RuntimeError("feed() after finish()")

@@ -28,12 +28,30 @@ class CitationStyle(enum.IntEnum):
     MARKDOWN = 3
 
 
+class SupportVerdict(enum.IntEnum):
+    """How well a source supports a sentence; numbers match footnote.v1.SupportVerdict."""
+
+    UNSPECIFIED = 0
+    SUPPORTED = 1
+    PARTIAL = 2
+    UNSUPPORTED = 3
+
+
+class CitationOrigin(enum.IntEnum):
+    """Who linked a sentence to a source; numbers match footnote.v1.CitationOrigin."""
+
+    UNSPECIFIED = 0
+    MODEL = 1  # a marker in the answer
+    ATTRIBUTED = 2  # the evidence scorer
+
+
 @dataclass(frozen=True, slots=True)
 class SourceLocation:
     """Where a chunk sits in its document; 0 (or "") means unknown.
 
     Offsets are code points into the document's extracted text (end exclusive); lines and pages
     are 1-based and inclusive; heading is the heading path joined with HEADING_SEPARATOR.
+    start_byte and end_byte are the same range in UTF-8 bytes (0 when not recorded).
     """
 
     start_offset: int = 0
@@ -43,6 +61,8 @@ class SourceLocation:
     page_start: int = 0
     page_end: int = 0
     heading: str = ""
+    start_byte: int = 0
+    end_byte: int = 0
 
 
 def join_heading(parts: Iterable[str]) -> str:
@@ -90,14 +110,33 @@ class CitationSource:
 
 
 @dataclass(frozen=True, slots=True)
+class Evidence:
+    """The quote of one source that best supports one sentence, and how well it does."""
+
+    source_index: int
+    quote: str  # verbatim: the document's extracted text at location's offsets
+    location: SourceLocation
+    support_score: float
+    verdict: SupportVerdict
+    origin: CitationOrigin
+
+
+@dataclass(frozen=True, slots=True)
 class CitationSpan:
-    """A cited sentence of the final answer: [start, end) in code points, end exclusive."""
+    """A sentence of the final answer: [start, end) in code points, end exclusive.
+
+    start_byte and end_byte are the same range in UTF-8 bytes of the answer.
+    """
 
     start: int
     end: int
     source_indices: tuple[int, ...]
     cited_text: str
     support_score: float = 0.0
+    start_byte: int = 0
+    end_byte: int = 0
+    evidence: tuple[Evidence, ...] = ()
+    verdict: SupportVerdict = SupportVerdict.UNSPECIFIED
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,3 +147,5 @@ class Citations:
     referenced_indices: tuple[int, ...]
     spans: tuple[CitationSpan, ...]
     invalid_indices: tuple[int, ...]
+    uncited_claims: tuple[CitationSpan, ...] = ()
+    attributed_indices: tuple[int, ...] = ()

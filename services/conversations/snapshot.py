@@ -7,11 +7,14 @@ from datetime import datetime
 from typing import Any
 
 from services.citations import (
+    CitationOrigin,
     Citations,
     CitationSource,
     CitationSpan,
     CitationStyle,
+    Evidence,
     SourceLocation,
+    SupportVerdict,
 )
 
 # Links are signed whenever history is served, never frozen into it.
@@ -38,11 +41,40 @@ def citations_to_json(citations: Citations, style: CitationStyle) -> dict[str, A
         "sources": sources,
         "referenced_indices": list(citations.referenced_indices),
         "invalid_indices": list(citations.invalid_indices),
-        "spans": [
-            {**dataclasses.asdict(span), "source_indices": list(span.source_indices)}
-            for span in citations.spans
-        ],
+        "spans": [_span_to_json(span) for span in citations.spans],
+        "uncited_claims": [_span_to_json(span) for span in citations.uncited_claims],
+        "attributed_indices": list(citations.attributed_indices),
     }
+
+
+def _span_to_json(span: CitationSpan) -> dict[str, Any]:
+    raw = dataclasses.asdict(span)
+    raw["source_indices"] = list(span.source_indices)
+    raw["verdict"] = int(span.verdict)
+    raw["evidence"] = [
+        {**dataclasses.asdict(e), "verdict": int(e.verdict), "origin": int(e.origin)}
+        for e in span.evidence
+    ]
+    return raw
+
+
+def _span_from_json(raw: dict[str, Any]) -> CitationSpan:
+    # Snapshots stored before evidence existed have no byte offsets, evidence or verdict.
+    values = dict(raw)
+    values["source_indices"] = tuple(values["source_indices"])
+    values["verdict"] = SupportVerdict(values.get("verdict", 0))
+    values["evidence"] = tuple(
+        Evidence(
+            source_index=e["source_index"],
+            quote=e["quote"],
+            location=SourceLocation(**e["location"]),
+            support_score=e["support_score"],
+            verdict=SupportVerdict(e["verdict"]),
+            origin=CitationOrigin(e["origin"]),
+        )
+        for e in values.get("evidence", ())
+    )
+    return CitationSpan(**values)
 
 
 def citations_from_json(raw: dict[str, Any]) -> tuple[Citations, CitationStyle]:
@@ -53,14 +85,12 @@ def citations_from_json(raw: dict[str, Any]) -> tuple[Citations, CitationStyle]:
         if values.get("indexed_time"):
             values["indexed_time"] = datetime.fromisoformat(values["indexed_time"])
         sources.append(CitationSource(**values))
-    spans = [
-        CitationSpan(**{**span, "source_indices": tuple(span["source_indices"])})
-        for span in raw["spans"]
-    ]
     citations = Citations(
         sources=tuple(sources),
         referenced_indices=tuple(raw["referenced_indices"]),
-        spans=tuple(spans),
+        spans=tuple(_span_from_json(span) for span in raw["spans"]),
         invalid_indices=tuple(raw["invalid_indices"]),
+        uncited_claims=tuple(_span_from_json(span) for span in raw.get("uncited_claims", ())),
+        attributed_indices=tuple(raw.get("attributed_indices", ())),
     )
     return citations, CitationStyle(raw.get("style", 0))

@@ -152,6 +152,9 @@ class Chunk(Base):
     text: Mapped[str] = mapped_column(Text)
     start_offset: Mapped[int] = mapped_column(Integer)
     end_offset: Mapped[int] = mapped_column(Integer)
+    # UTF-8 byte offsets of the same range; NULL for chunks indexed before they were recorded.
+    start_byte: Mapped[int | None] = mapped_column(BigInteger)
+    end_byte: Mapped[int | None] = mapped_column(BigInteger)
     start_line: Mapped[int] = mapped_column(Integer)
     end_line: Mapped[int] = mapped_column(Integer)
     page_start: Mapped[int | None] = mapped_column(Integer)

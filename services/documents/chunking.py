@@ -14,8 +14,9 @@ from services.documents.extracted import ExtractedText, Heading, PageSpan
 class Chunk:
     """A slice of the extracted text: text == extracted.text[start_offset:end_offset].
 
-    Offsets are code points, end exclusive. Lines and pages are 1-based and inclusive; pages are
-    None for documents without pages.
+    Offsets are code points, end exclusive; start_byte and end_byte are the same range in UTF-8
+    bytes of the extracted text. Lines and pages are 1-based and inclusive; pages are None for
+    documents without pages.
     """
 
     index: int
@@ -27,6 +28,8 @@ class Chunk:
     page_start: int | None
     page_end: int | None
     heading_path: tuple[str, ...]
+    start_byte: int = 0
+    end_byte: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,8 @@ def chunk(
                 page_start=page_start,
                 page_end=page_end,
                 heading_path=path,
+                start_byte=locate.byte(start),
+                end_byte=locate.byte(end),
             )
         )
     return chunks
@@ -235,9 +240,22 @@ class _Locator:
     """Maps offsets to 1-based line and page numbers."""
 
     def __init__(self, text: str, pages: Sequence[PageSpan]) -> None:
+        self._text = text
         self._newlines = [match.start() for match in re.finditer("\n", text)]
+        # UTF-8 length of text[:offset], advanced lazily; chunk offsets mostly ascend.
+        self._cp = 0
+        self._byte = 0
         self._page_starts = [page[0] for page in pages]
         self._page_ends = [page[1] for page in pages]
+
+    def byte(self, offset: int) -> int:
+        """The UTF-8 byte offset of a code-point offset."""
+        if offset < self._cp:
+            self._byte -= len(self._text[offset : self._cp].encode("utf-8", "surrogatepass"))
+        else:
+            self._byte += len(self._text[self._cp : offset].encode("utf-8", "surrogatepass"))
+        self._cp = offset
+        return self._byte
 
     def line(self, offset: int) -> int:
         return bisect.bisect_left(self._newlines, offset) + 1

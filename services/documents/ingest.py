@@ -177,6 +177,8 @@ def write_chunks(
             text=p.text,
             start_offset=p.start_offset,
             end_offset=p.end_offset,
+            start_byte=p.start_byte,
+            end_byte=p.end_byte,
             start_line=p.start_line,
             end_line=p.end_line,
             page_start=p.page_start,

@@ -47,8 +47,8 @@ TEXT_SQL = text(
 DETAILS_SQL = text(
     """
     SELECT c.id, c.document_id, d.display_name, d.content_type, c.chunk_index, c.text,
-           c.start_offset, c.end_offset, c.start_line, c.end_line, c.page_start, c.page_end,
-           c.heading_path, d.sha256, d.indexed_time
+           c.start_offset, c.end_offset, c.start_byte, c.end_byte, c.start_line, c.end_line,
+           c.page_start, c.page_end, c.heading_path, d.sha256, d.indexed_time
     FROM chunks c JOIN documents d ON d.id = c.document_id
     WHERE c.id = ANY(:ids)
     """
@@ -108,6 +108,8 @@ def to_retrieved(r: Row[Any], score: float) -> RetrievedChunk:
             page_start=r.page_start or 0,
             page_end=r.page_end or 0,
             heading=join_heading(r.heading_path or ()),
+            start_byte=r.start_byte or 0,
+            end_byte=r.end_byte or 0,
         ),
         document_sha256=r.sha256,
         indexed_time=r.indexed_time,

@@ -35,10 +35,12 @@ async def linked_assistant(cli) -> str:
 
 
 def sources_section(stdout: str) -> list[str]:
-    """The lines between "Sources:" and the closing "conversation ID" line."""
+    """The lines between "Sources:" and the evidence or the closing "conversation ID" line."""
     lines = stdout.splitlines()
     start = lines.index("Sources:")
-    end = next(i for i, line in enumerate(lines) if line.startswith("conversation "))
+    end = next(
+        i for i, line in enumerate(lines) if line == "Evidence:" or line.startswith("conversation ")
+    )
     return [line for line in lines[start + 1 : end] if line]
 
 
@@ -53,6 +55,18 @@ async def test_ask_streams_the_answer_then_its_sources(cli, linked_assistant):
     assert "/v1/documents/" in sources[2]
     conversation = ran.stdout.splitlines()[-1].removeprefix("conversation ")
     assert uuid.UUID(conversation)
+
+
+async def test_ask_shows_each_citations_verdict_and_quote(cli, linked_assistant):
+    ran = await cli("ask", QUESTION, "--assistant", linked_assistant)
+    assert ran.exit_code == 0, ran.stderr
+    evidence = ran.stdout.split("Evidence:", 1)[1].splitlines()
+    verdict_line = next(line for line in evidence if line.strip().startswith("[1] cited,"))
+    assert any(word in verdict_line for word in ("supported", "partial", "UNSUPPORTED"))
+    assert "handbook.md" in verdict_line
+    # The quote follows on the next line, in the source's own words.
+    quote = evidence[evidence.index(verdict_line) + 1].strip()
+    assert quote.startswith('"') and "PostgreSQL" in quote
 
 
 async def test_the_three_styles_look_different(cli, linked_assistant):

@@ -1,0 +1,164 @@
+"""Cost of the evidence step per answer sentence, against the answer's own generation, same run.
+
+The examples/ documents are parsed and chunked as ingestion does; for each question the best
+chunks by embedding similarity become the sources, the extractive generator answers through
+the marker buffer, and the evidence builder judges every sentence. Two runs per question:
+the answer as generated (every sentence cited), and the same answer with its markers removed
+(the model forgot to cite), which takes the attribution path over every source.
+
+Usage: .venv/bin/python bench/evidence.py [--repeat 3] [--top-k 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from services.citations import (
+    MarkerBuffer,
+    RetrievedChunk,
+    ScoreKind,
+    SourceLocation,
+    answer_sentences,
+    build_manifest,
+    extract,
+    finalize_extraction,
+    join_heading,
+)
+from services.documents.chunking import chunk
+from services.documents.parsing import parse
+from services.evidence.builder import EvidenceBuilder
+from services.llm.base import GenerationRequest, PromptMessage, TextPiece
+from services.llm.extractive import ExtractiveGenerator
+from services.retrieval.embeddings import LocalEmbedder
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+QUESTIONS = [
+    "How much is the per diem on the day of departure?",
+    "Who approves an expense claim above 1,000 EUR?",
+    "Which class of travel is allowed on long flights?",
+    "How often must passwords be changed?",
+    "What should I do if I lose my laptop?",
+    "Can I be reimbursed for a hotel minibar?",
+    "How many days do I have to submit receipts?",
+    "Is multi-factor authentication required for remote access?",
+    "What is the mileage rate for a private car?",
+    "Who do I report a phishing email to?",
+]
+_MARKERS = re.compile(r" ?\[\d+(?:[,-] ?\d+)*\]")
+
+
+def load_chunks() -> list[RetrievedChunk]:
+    chunks: list[RetrievedChunk] = []
+    for path in sorted(EXAMPLES.iterdir()):
+        extracted = parse(path.read_bytes(), filename=path.name)
+        for piece in chunk(extracted):
+            chunks.append(
+                RetrievedChunk(
+                    chunk_id=f"{path.name}#{piece.index}",
+                    document_id=path.name,
+                    document_name=path.name,
+                    content_type="text/plain",
+                    chunk_index=piece.index,
+                    text=piece.text,
+                    score=0.0,
+                    score_kind=ScoreKind.SIMILARITY,
+                    location=SourceLocation(
+                        start_offset=piece.start_offset,
+                        end_offset=piece.end_offset,
+                        start_line=piece.start_line,
+                        end_line=piece.end_line,
+                        heading=join_heading(piece.heading_path),
+                        start_byte=piece.start_byte,
+                        end_byte=piece.end_byte,
+                    ),
+                )
+            )
+    return chunks
+
+
+async def generate(request: GenerationRequest, n_sources: int) -> tuple[str, object]:
+    buffer = MarkerBuffer(n_sources)
+    async for event in ExtractiveGenerator().generate(request):
+        if isinstance(event, TextPiece):
+            buffer.feed(event.text)
+    buffer.finish()
+    return buffer.output, buffer.result()
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--top-k", type=int, default=8)
+    args = parser.parse_args()
+
+    embedder = LocalEmbedder()
+    embedder.load()
+    chunks = load_chunks()
+    vectors = np.asarray(embedder.embed_documents([c.text for c in chunks]), dtype=np.float32)
+    builder = EvidenceBuilder(embedder)
+
+    per_sentence: dict[str, list[float]] = {"cited": [], "unmarked": []}
+    generation_ms: list[float] = []
+    query_ms: list[float] = []
+    sentences_total = {"cited": 0, "unmarked": 0}
+    for _ in range(args.repeat):
+        for question in QUESTIONS:
+            began = time.perf_counter()
+            query = np.asarray(embedder.embed_query(question), dtype=np.float32)
+            query_ms.append((time.perf_counter() - began) * 1000)
+            order = np.argsort(-(vectors @ query))[: args.top_k]
+            hits = [chunks[i] for i in order]
+            manifest = build_manifest(hits)
+            request = GenerationRequest(
+                messages=[PromptMessage("user", question)],
+                sources=manifest.sources,
+                source_texts=[c.text for c in manifest.chunks],
+                question=question,
+            )
+            began = time.perf_counter()
+            text, extraction = asyncio.run(generate(request, len(manifest.sources)))
+            finalize_extraction(extraction, manifest.sources)
+            generation_ms.append((time.perf_counter() - began) * 1000)
+            unmarked = _MARKERS.sub("", text)
+            for kind, answer in (("cited", text), ("unmarked", unmarked)):
+                ex = extract(answer, len(manifest.sources))
+                _, base = finalize_extraction(ex, manifest.sources)
+                n = len(answer_sentences(ex.text, ex.markers))
+                if not n:
+                    continue
+                began = time.perf_counter()
+                builder.for_answer(manifest.sources, manifest.chunks).finish(
+                    ex.text, ex.markers, base
+                )
+                spent = (time.perf_counter() - began) * 1000
+                per_sentence[kind].extend([spent / n] * n)
+                sentences_total[kind] += n
+
+    gen = statistics.median(generation_ms)
+    query = statistics.median(query_ms)
+    print(f"answers: {len(QUESTIONS) * args.repeat}, top-k {args.top_k}, chunks {len(chunks)}")
+    print(f"baseline: extractive generation median {gen:.1f} ms per answer")
+    print(f"baseline: one query embedding median {query:.1f} ms")
+    for kind, values in per_sentence.items():
+        print(
+            f"evidence ({kind}): {sentences_total[kind]} sentences, per sentence "
+            f"p50 {statistics.median(values):.1f} ms, p95 {p95(values):.1f} ms; "
+            f"p95 = {p95(values) / gen:.1f}x an answer's generation, "
+            f"{p95(values) / query:.2f}x a query embedding"
+        )
+
+
+if __name__ == "__main__":
+    main()

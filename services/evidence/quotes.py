@@ -1,0 +1,79 @@
+"""Candidate quotes in a chunk: windows of one to three adjacent sentences, with locations."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from services.citations import SourceLocation
+from services.citations.spans import sentence_ranges
+
+# A quote is "one or a few sentences": at most this many, and at most QUOTE_MAX_CHARS long
+# unless a single sentence is longer by itself.
+MAX_WINDOW_SENTENCES = 3
+QUOTE_MAX_CHARS = 600
+_BLANK_LINE = re.compile(r"\n[ \t]*\n")
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Sentences first..last of a chunk (indices into its sentence list), [start, end) in it."""
+
+    first: int
+    last: int
+    start: int
+    end: int
+
+
+def sentences_of(text: str) -> list[tuple[int, int]]:
+    """The sentences of a chunk's text; a chunk without any gives one range over its text."""
+    ranges = sentence_ranges(text)
+    if not ranges and text.strip():
+        start = len(text) - len(text.lstrip())
+        ranges = [(start, len(text.rstrip()))]
+    return ranges
+
+
+def windows_of(sentences: list[tuple[int, int]], text: str = "") -> list[Window]:
+    """Windows of adjacent sentences; a window never crosses a blank line (a paragraph break)."""
+    out: list[Window] = []
+    for first in range(len(sentences)):
+        for last in range(first, min(first + MAX_WINDOW_SENTENCES, len(sentences))):
+            start, end = sentences[first][0], sentences[last][1]
+            if last > first and end - start > QUOTE_MAX_CHARS:
+                break
+            if last > first and _BLANK_LINE.search(
+                text, sentences[last - 1][1], sentences[last][0]
+            ):
+                break
+            out.append(Window(first, last, start, end))
+    return out
+
+
+def quote_location(
+    chunk_text: str, location: SourceLocation, start: int, end: int
+) -> SourceLocation:
+    """Where chunk_text[start:end] sits in the document, given where the chunk sits.
+
+    Offsets move by the quote's position in the chunk, in code points and in UTF-8 bytes; lines
+    move by the line breaks before it. Pages and heading stay the chunk's: a chunk does not
+    record where its pages break.
+    """
+    before = chunk_text[:start]
+    quote = chunk_text[start:end]
+    start_line = location.start_line + before.count("\n") if location.start_line else 0
+    end_line = start_line + quote.count("\n") if start_line else 0
+    has_bytes = location.end_byte > 0
+    start_byte = location.start_byte + len(before.encode("utf-8", "surrogatepass"))
+    end_byte = start_byte + len(quote.encode("utf-8", "surrogatepass"))
+    return SourceLocation(
+        start_offset=location.start_offset + start,
+        end_offset=location.start_offset + end,
+        start_line=start_line,
+        end_line=end_line,
+        page_start=location.page_start,
+        page_end=location.page_end,
+        heading=location.heading,
+        start_byte=start_byte if has_bytes else 0,
+        end_byte=end_byte if has_bytes else 0,
+    )

@@ -1,0 +1,72 @@
+"""Code-point and UTF-8 byte offsets of answer sentences, quotes and chunks."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.citations import SourceLocation, answer_sentences, extract
+from services.citations.spans import ByteOffsets
+from services.documents.chunking import chunk
+from services.documents.extracted import DocumentKind, ExtractedText
+from services.evidence.quotes import quote_location
+
+MIXED = "Le café coûte 3 € [1]. 東京は日本の首都です。[2] Emoji 🎉 party 👩‍👩‍👧 here [1]. Plain."
+
+
+def test_sentence_byte_offsets_match_the_utf8_encoding() -> None:
+    result = extract(MIXED, 2)
+    sentences = answer_sentences(result.text, result.markers)
+    assert [s.source_indices for s in sentences] == [(1,), (2,), (1,), ()]
+    encoded = result.text.encode()
+    for s in sentences:
+        assert s.start_byte == len(result.text[: s.start].encode())
+        assert encoded[s.start_byte : s.end_byte].decode() == result.text[s.start : s.end]
+    # Accents, CJK and emoji take more bytes than code points.
+    assert all(s.end_byte - s.start_byte > s.end - s.start for s in sentences[:3])
+
+
+@given(st.text(), st.lists(st.integers(0, 200), max_size=20))
+def test_byte_offsets_in_any_order(text: str, offsets: list[int]) -> None:
+    at = ByteOffsets(text)
+    for offset in offsets:
+        offset = min(offset, len(text))
+        assert at(offset) == len(text[:offset].encode("utf-8", "surrogatepass"))
+
+
+def test_quote_location_moves_offsets_lines_and_bytes() -> None:
+    document = "Intro ☕ line.\nÀ Tōkyō, 東京.\nLe café coûte 500 円 ☕.\nEnd."
+    start = document.index("À")
+    chunk_text = document[start:]
+    loc = SourceLocation(
+        start_offset=start,
+        end_offset=len(document),
+        start_line=2,
+        end_line=4,
+        heading="Cafés",
+        start_byte=len(document[:start].encode()),
+        end_byte=len(document.encode()),
+    )
+    q_start = chunk_text.index("Le café")
+    q_end = chunk_text.index("☕.") + 2
+    got = quote_location(chunk_text, loc, q_start, q_end)
+    quote = chunk_text[q_start:q_end]
+    assert document[got.start_offset : got.end_offset] == quote
+    assert document.encode()[got.start_byte : got.end_byte] == quote.encode()
+    assert (got.start_line, got.end_line, got.heading) == (3, 3, "Cafés")
+
+
+def test_quote_location_without_recorded_bytes_reports_none() -> None:
+    loc = SourceLocation(start_offset=10, end_offset=20, start_line=1, end_line=1)
+    got = quote_location("café au lait", loc, 5, 7)
+    assert (got.start_offset, got.end_offset, got.start_byte, got.end_byte) == (15, 17, 0, 0)
+
+
+def test_chunks_record_byte_offsets() -> None:
+    text = ("Ünïcödé ✓ text 東京 🎉. " * 40 + "\n\n") * 5
+    pieces = chunk(
+        ExtractedText(kind=DocumentKind.TEXT, text=text), max_chars=300, overlap_chars=50
+    )
+    assert len(pieces) > 3
+    encoded = text.encode()
+    for p in pieces:
+        assert p.start_byte == len(text[: p.start_offset].encode())
+        assert encoded[p.start_byte : p.end_byte].decode() == p.text
