@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from footnote.cli import eval as eval_command
 from services.config import Settings
 
 app = typer.Typer(
@@ -343,6 +344,8 @@ def demo(
 
     run_demo(state_dir, question, llm=llm)
 
+
+eval_command.register(app)
 
 if __name__ == "__main__":
     app()

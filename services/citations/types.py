@@ -32,8 +32,10 @@ class CitationStyle(enum.IntEnum):
 class SourceLocation:
     """Where a chunk sits in its document; 0 (or "") means unknown.
 
-    Offsets are code points into the document's extracted text (end exclusive); lines and pages
-    are 1-based and inclusive; heading is the heading path joined with HEADING_SEPARATOR.
+    Offsets are code points into the document's extracted text (end exclusive). Lines are
+    1-based, inclusive lines of the uploaded file (plain text, Markdown, HTML markup); pages
+    (PDF) and paragraphs (DOCX: the body's non-empty paragraphs, a table counting as one) are
+    1-based and inclusive; heading is the heading path joined with HEADING_SEPARATOR.
     """
 
     start_offset: int = 0
@@ -43,6 +45,8 @@ class SourceLocation:
     page_start: int = 0
     page_end: int = 0
     heading: str = ""
+    paragraph_start: int = 0
+    paragraph_end: int = 0
 
 
 def join_heading(parts: Iterable[str]) -> str:

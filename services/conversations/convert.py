@@ -28,6 +28,8 @@ def source_to_proto(source: CitationSource) -> cpb.CitationSource:
             page_end=loc.page_end,
             heading=path[-1] if path else "",
             heading_path=path,
+            paragraph_start=loc.paragraph_start,
+            paragraph_end=loc.paragraph_end,
         ),
         download_url=source.download_url,
         download_url_expire_time=to_timestamp(source.download_url_expire_time),
