@@ -189,10 +189,10 @@ def summary(outcomes: Sequence[Outcome]) -> dict[str, float]:
 
 
 GRID = {
-    "TEXT_WEIGHT": (0.15, 0.25, 0.35, 0.5, 1.0),
+    "TEXT_WEIGHT": (0.25, 0.5, 1.0),
     "TEXT_RANK_WEIGHTS": ((0.1, 0.2, 0.4, 1.0), (1.0, 1.0, 1.0, 1.0)),
     "MAX_PER_DOCUMENT": (2, 3, 8),
-    "WELL_MATCHED": (0.5,),
+    "WELL_MATCHED": (0.8, 0.9),
     "CANDIDATES_PER_RESULT": (4, 8),
 }
 
@@ -223,7 +223,10 @@ def tune(
     rows.sort(key=lambda r: (-r[0]["loc@8"], -r[0]["mrr_loc"], -r[0]["loc@3"]))
     for row, values in rows[:15]:
         print(
-            " ".join(f"{k}={row[k]:.3f}" for k in ("loc@1", "loc@3", "loc@8", "mrr_loc", "doc@8"))
+            " ".join(
+                f"{k}={row[k]:.3f}"
+                for k in ("loc@1", "loc@3", "loc@8", "mrr_loc", "doc@8", "docs_per_answer")
+            )
             + "  "
             + " ".join(f"{k}={v}" for k, v in values.items())
         )

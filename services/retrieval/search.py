@@ -114,7 +114,9 @@ def hybrid_search(
     ranked = sorted(fused, key=lambda i: (-fused[i], -similarity.get(i, -1.0), stable(i)))
     scores = {i: normalize_score(fused[i], ScoreKind.FUSED) for i in ranked}
     passing = [i for i in ranked if scores[i] >= score_threshold]
-    kept = diversify(passing, lambda i: details[i].document_id, scores.__getitem__, top_k)
+    kept = diversify(
+        passing, lambda i: details[i].document_id, lambda i: similarity.get(i, 0.0), top_k
+    )
     return [to_retrieved(details[i], scores[i]) for i in kept]
 
 

@@ -88,7 +88,9 @@ def test_html_cited_lines_hold_the_paragraph() -> None:
     first = next(n for n, line in enumerate(lines, 1) if "Members of" in line)
     assert staff.start_line == first
     assert "without root" in lines[staff.end_line - 1]
-    operator = next(c for c in chunk(extracted, max_chars=100, overlap_chars=0) if "UID 37" in c.text)
+    operator = next(
+        c for c in chunk(extracted, max_chars=100, overlap_chars=0) if "UID 37" in c.text
+    )
     assert "UID 37" in "\n".join(lines[operator.start_line - 1 : operator.end_line])
 
 
