@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 
 ELLIPSIS = "..."
@@ -90,26 +91,36 @@ def _cut(flat: str, limit: int) -> str:
 
 
 def _best_window_start(flat: str, wanted: set[str], limit: int) -> int:
-    """Where the best-matching run of sentences starts; 0 when nothing matches."""
-    starts = [0, *(gap.end() for gap in _SENTENCE_GAP.finditer(flat))]
-    ends = [*starts[1:], len(flat)]
-    sentence_terms = [terms(flat[a:b]) for a, b in zip(starts, ends, strict=True)]
-    best_score, best_start = 0, 0
-    for first in range(len(starts)):
-        covered: set[str] = set()
-        last = first
-        # The window grows sentence by sentence while it fits; a first sentence longer than
-        # the excerpt still counts, and is cut later.
-        while last < len(starts) and (last == first or ends[last] - starts[first] <= limit):
-            covered |= sentence_terms[last] & wanted
-            last += 1
-        score = len(covered)
-        if score > best_score:
-            best_score, best_start = score, starts[first]
-        if best_score == len(wanted):
-            break
-    if best_start == 0 or best_score == 0:
+    """Where the excerpt covering the most question words starts; 0 when nothing matches.
+
+    Candidates are word starts; a sentence start wins a tie, then the earlier one. A window
+    that fits from the chunk's start anyway keeps the start (no leading ellipsis).
+    """
+    room = max(limit - 2 * len(ELLIPSIS), 1)
+    sentence_starts = {0, *(gap.end() for gap in _SENTENCE_GAP.finditer(flat))}
+    tokens = [
+        (m.start(), m.end(), stem(m.group()))
+        for m in _WORD.finditer(flat)
+        if m.group().lower() not in _STOPWORDS
+    ]
+    token_starts = [start for start, _, _ in tokens]
+
+    def covered(start: int, width: int) -> int:
+        first = bisect.bisect_left(token_starts, start)
+        found = set()
+        for _, end, term in tokens[first:]:
+            if end > start + width:
+                break
+            if term in wanted:
+                found.add(term)
+        return len(found)
+
+    best_key, best_start = (0, False, 0), 0
+    for word in re.finditer(r"\S+", flat):
+        start = word.start()
+        key = (covered(start, room), start in sentence_starts, -start)
+        if key > best_key:
+            best_key, best_start = key, start
+    if best_key[0] == 0 or covered(0, limit - len(ELLIPSIS)) >= best_key[0]:
         return 0
-    # A window that fits from the chunk's start anyway needs no leading ellipsis.
-    head_terms = terms(flat[: limit - len(ELLIPSIS)]) & wanted
-    return 0 if len(head_terms) >= best_score else best_start
+    return best_start
