@@ -33,17 +33,17 @@ CONTENT="Modular DocBook HTML Stylesheet Version 1.79"></HEAD
 >operator</DT
 ><DD
 ><P
->	    Operator is historically (and practically) a no-login account
-	    with the UID 37 &amp; it is kept for compatibility.
-	  </P
+>\t    Operator is historically (and practically) a no-login account
+\t    with the UID 37 &amp; it is kept for compatibility.
+\t  </P
 ></DD
 ><DT
 >dip</DT
 ><DD
 ><P
->	    Dialup IP. Tools such as ppp, dip, wvdial, etc.
-	    need it to open the serial port and dial out.
-	  </P
+>\t    Dialup IP. Tools such as ppp, dip, wvdial, etc.
+\t    need it to open the serial port and dial out.
+\t  </P
 ></DD
 ></DL
 >
