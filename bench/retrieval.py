@@ -317,14 +317,15 @@ def main(argv: list[str] | None = None) -> int:
         f"top_k {args.top_k}; hybrid ranking repeatable: {'yes' if stable else 'NO'}"
     )
     columns = list(table["vector"])
-    print(f"{'':<8}" + "".join(f"{c:>10}" for c in columns))
+    width = {c: max(8, len(c)) + 2 for c in columns}
+    print(f"{'':<8}" + "".join(f"{c:>{width[c]}}" for c in columns))
     for name, row in table.items():
-        print(f"{name:<8}" + "".join(f"{row[c]:>10.3f}" for c in columns))
+        print(f"{name:<8}" + "".join(f"{row[c]:>{width[c]}.3f}" for c in columns))
     ratio = {
         c: (table["hybrid"][c] / table["vector"][c] if table["vector"][c] else float("inf"))
         for c in columns
     }
-    print(f"{'ratio':<8}" + "".join(f"{ratio[c]:>10.2f}" for c in columns))
+    print(f"{'ratio':<8}" + "".join(f"{ratio[c]:>{width[c]}.2f}" for c in columns))
     if args.misses:
         for o in results["hybrid"][0]:
             if not o.retrieved_location_rank:
