@@ -60,6 +60,15 @@ TEXT_SQL = text(
     """
 )
 
+# What ranking needs of every candidate: its document and the stable tie-break keys.
+KEYS_SQL = text(
+    """
+    SELECT c.id, c.document_id, d.display_name, d.sha256, c.chunk_index
+    FROM chunks c JOIN documents d ON d.id = c.document_id
+    WHERE c.id = ANY(:ids)
+    """
+)
+
 DETAILS_SQL = text(
     """
     SELECT c.id, c.document_id, d.display_name, d.content_type, c.chunk_index, c.text,
@@ -99,25 +108,31 @@ def hybrid_search(
     candidates = {r.id for r in vector_rows} | {r.id for r in text_rows}
     if not candidates:
         return []
-    details = {r.id: r for r in s.execute(DETAILS_SQL, {"ids": list(candidates)}).all()}
+    keys = {r.id: r for r in s.execute(KEYS_SQL, {"ids": list(candidates)}).all()}
+    # A chunk purged between the statements is no candidate.
+    similarity = {i: value for i, value in similarity.items() if i in keys}
+    by_text = [r.id for r in text_rows if r.id in keys]
 
     def stable(chunk_id: uuid.UUID) -> tuple[str, str, int]:
-        row = details[chunk_id]
+        row = keys[chunk_id]
         return (row.display_name, row.sha256, row.chunk_index)
 
     # relaxed_order may return rows slightly out of order; the ranking must be exact.
     by_vector = sorted(similarity, key=lambda i: (-similarity[i], stable(i)))
     fused = fuse(
-        [by_vector, [r.id for r in text_rows]],
+        [by_vector, by_text],
         weights=(fusion.VECTOR_WEIGHT, fusion.TEXT_WEIGHT),
     )
     ranked = sorted(fused, key=lambda i: (-fused[i], -similarity.get(i, -1.0), stable(i)))
     scores = {i: normalize_score(fused[i], ScoreKind.FUSED) for i in ranked}
     passing = [i for i in ranked if scores[i] >= score_threshold]
     kept = diversify(
-        passing, lambda i: details[i].document_id, lambda i: similarity.get(i, 0.0), top_k
+        passing, lambda i: keys[i].document_id, lambda i: similarity.get(i, 0.0), top_k
     )
-    return [to_retrieved(details[i], scores[i]) for i in kept]
+    if not kept:
+        return []
+    details = {r.id: r for r in s.execute(DETAILS_SQL, {"ids": kept}).all()}
+    return [to_retrieved(details[i], scores[i]) for i in kept if i in details]
 
 
 def to_retrieved(r: Row[Any], score: float) -> RetrievedChunk:
