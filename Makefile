@@ -60,6 +60,7 @@ dev: setup $(if $(LLM),$(LLM_STAMP),)
 
 bench: setup
 	$(PY) bench/citations.py
+	$(PY) bench/retrieval.py
 
 clean:
 	rm -rf $(VENV) footnote/v1/*_pb2*.py footnote/v1/*.pyi $(GENERATED) .pytest_cache

@@ -193,7 +193,7 @@ def download(
 
 
 def location_parts(source: citations_pb2.CitationSource) -> list[str]:
-    """What is known of where a source sits: pages, lines, "§Heading > Sub"."""
+    """What is known of where a source sits: pages, lines, paragraphs, "§Heading > Sub"."""
     loc = source.location
     parts = []
     if loc.page_start:
@@ -205,6 +205,13 @@ def location_parts(source: citations_pb2.CitationSource) -> list[str]:
         parts.append(f"p. {pages}")
     if loc.start_line:
         parts.append(f"lines {loc.start_line}-{loc.end_line}")
+    if loc.paragraph_start:
+        paragraphs = (
+            loc.paragraph_start
+            if loc.paragraph_end in (0, loc.paragraph_start)
+            else f"{loc.paragraph_start}-{loc.paragraph_end}"
+        )
+        parts.append(f"¶ {paragraphs}")
     if loc.heading_path:
         parts.append("§" + " > ".join(loc.heading_path))
     return parts

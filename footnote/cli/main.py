@@ -10,7 +10,7 @@ from typing import Annotated, TextIO
 
 import typer
 
-from footnote.cli import ask, assistants, conversations, documents, upload
+from footnote.cli import ask, assistants, conversations, documents, evaluate, upload, verdicts
 from services.config import Settings
 
 app = typer.Typer(
@@ -21,7 +21,6 @@ app = typer.Typer(
 API_PANEL = "Calling the API"
 keys_app = typer.Typer(help="Manage API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
-app.command("eval-claims")(importlib.import_module("footnote.cli.verdicts").eval_claims)
 
 
 class LLM(StrEnum):
@@ -210,7 +209,9 @@ app.add_typer(documents.app, name="documents", rich_help_panel=API_PANEL)
 app.add_typer(conversations.app, name="conversations", rich_help_panel=API_PANEL)
 app.command(rich_help_panel=API_PANEL)(upload.upload)
 app.command(rich_help_panel=API_PANEL)(ask.ask)
-
+app.command("eval", rich_help_panel=API_PANEL)(evaluate.evaluate)
+# Scores the evidence scorer itself on a labelled file; no server involved.
+app.command("eval-claims")(verdicts.eval_claims)
 
 if __name__ == "__main__":
     app()

@@ -212,7 +212,10 @@ class ChatEngine:
         if inp.options.include_citations is not None:
             cite = inp.options.include_citations
         manifest = build_manifest(
-            chunks, max_sources=settings.max_sources, excerpt_chars=settings.excerpt_chars
+            chunks,
+            max_sources=settings.max_sources,
+            excerpt_chars=settings.excerpt_chars,
+            query=question,
         )
         cite = cite and bool(manifest.sources)
         system = settings.system_prompt or DEFAULT_SYSTEM_PROMPT

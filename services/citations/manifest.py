@@ -6,9 +6,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from services.citations.excerpt import ELLIPSIS, make_excerpt
 from services.citations.types import CitationSource, RetrievedChunk
 
-ELLIPSIS = "..."
+__all__ = ["ELLIPSIS", "Manifest", "build_manifest", "make_excerpt"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,7 @@ def build_manifest(
     *,
     max_sources: int = 10,
     excerpt_chars: int = 200,
+    query: str = "",
 ) -> Manifest:
     """Number the retrieved chunks from 1, best first.
 
@@ -34,6 +36,7 @@ def build_manifest(
     keeps its best score: a later stage beats an earlier one (rerank > fused > similarity),
     then the higher value wins. At most max_sources survive, ranked by score. Scores come
     normalised to [0, 1] by retrieval; anything outside is clamped, and NaN counts as 0.
+    Each excerpt is the part of its chunk that best matches query (the question).
     """
     if max_sources < 0:
         raise ValueError("max_sources must be >= 0")
@@ -45,10 +48,18 @@ def build_manifest(
         if held is None or _priority(chunk) > _priority(held):
             best[chunk.chunk_id] = chunk
 
-    def rank(scored: tuple[float, RetrievedChunk]) -> tuple[float, int, str, int, str]:
+    def rank(scored: tuple[float, RetrievedChunk]) -> tuple[float, int, str, str, int, str]:
         score, chunk = scored
-        # Ties fall back to document order, so the same hits always number the same way.
-        return (-score, -chunk.score_kind, chunk.document_id, chunk.chunk_index, chunk.chunk_id)
+        # Ties fall back to stable keys (not the random ids), so the same documents always
+        # number the same way.
+        return (
+            -score,
+            -chunk.score_kind,
+            chunk.document_name,
+            chunk.document_sha256,
+            chunk.chunk_index,
+            chunk.chunk_id,
+        )
 
     scored = sorted(((_unit(chunk.score), chunk) for chunk in best.values()), key=rank)
     kept = scored[:max_sources]
@@ -59,7 +70,7 @@ def build_manifest(
             document_name=chunk.document_name,
             content_type=chunk.content_type,
             score=score,
-            excerpt=make_excerpt(chunk.text, excerpt_chars),
+            excerpt=make_excerpt(chunk.text, excerpt_chars, query),
             chunk_id=chunk.chunk_id,
             chunk_index=chunk.chunk_index,
             location=chunk.location,
@@ -78,25 +89,3 @@ def _priority(chunk: RetrievedChunk) -> tuple[int, float]:
 
 def _unit(score: float) -> float:
     return 0.0 if math.isnan(score) else min(1.0, max(0.0, float(score)))
-
-
-def make_excerpt(text: str, limit: int) -> str:
-    """The chunk's text with whitespace collapsed, cut to at most limit code points.
-
-    A cut text ends at a word boundary followed by ELLIPSIS, and the ellipsis counts toward
-    the limit. A single word longer than the limit is cut mid-word. Below 4 code points there
-    is no room for an ellipsis, so the text is cut hard.
-    """
-    flat = " ".join(text.split())
-    if len(flat) <= limit:
-        return flat
-    if limit <= len(ELLIPSIS):
-        return flat[:limit]
-    room = limit - len(ELLIPSIS)
-    head = flat[:room]
-    if flat[room] != " ":
-        space = head.rfind(" ")
-        if space > 0:
-            head = head[:space]
-    head = head.rstrip(" ,;:-–—")
-    return (head or flat[:room]) + ELLIPSIS

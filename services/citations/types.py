@@ -49,8 +49,10 @@ class CitationOrigin(enum.IntEnum):
 class SourceLocation:
     """Where a chunk sits in its document; 0 (or "") means unknown.
 
-    Offsets are code points into the document's extracted text (end exclusive); lines and pages
-    are 1-based and inclusive; heading is the heading path joined with HEADING_SEPARATOR.
+    Offsets are code points into the document's extracted text (end exclusive). Lines are
+    1-based, inclusive lines of the uploaded file (plain text, Markdown, HTML markup); pages
+    (PDF) and paragraphs (DOCX: the body's non-empty paragraphs, a table counting as one) are
+    1-based and inclusive; heading is the heading path joined with HEADING_SEPARATOR.
     start_byte and end_byte are the same range in UTF-8 bytes (0 when not recorded).
     """
 
@@ -63,6 +65,8 @@ class SourceLocation:
     heading: str = ""
     start_byte: int = 0
     end_byte: int = 0
+    paragraph_start: int = 0
+    paragraph_end: int = 0
 
 
 def join_heading(parts: Iterable[str]) -> str:

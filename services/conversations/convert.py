@@ -27,6 +27,8 @@ def location_to_proto(loc: SourceLocation) -> cpb.SourceLocation:
         heading_path=path,
         start_byte=loc.start_byte,
         end_byte=loc.end_byte,
+        paragraph_start=loc.paragraph_start,
+        paragraph_end=loc.paragraph_end,
     )
 
 

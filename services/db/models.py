@@ -101,6 +101,8 @@ class Document(Base):
         Index("ix_documents_tenant_id_create_time_id", "tenant_id", "create_time", "id"),
         # The reconciler looks for PENDING or PROCESSING documents whose lease ran out.
         Index("ix_documents_state_lease_until", "state", "lease_until"),
+        # Retrieval searches one copy of identical uploads to an assistant.
+        Index("ix_documents_assistant_id_sha256", "assistant_id", "sha256"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
@@ -160,9 +162,19 @@ class Chunk(Base):
     page_start: Mapped[int | None] = mapped_column(Integer)
     page_end: Mapped[int | None] = mapped_column(Integer)
     heading_path: Mapped[list[str]] = mapped_column(ARRAY(Text), default=list)
+    # The document's title and the heading path: searched with weight 'A', never quoted.
+    context: Mapped[str] = mapped_column(Text, default="")
+    # DOCX only: 1-based numbers of the body's non-empty paragraphs the chunk spans.
+    paragraph_start: Mapped[int | None] = mapped_column(Integer)
+    paragraph_end: Mapped[int | None] = mapped_column(Integer)
     embedding: Mapped[list[float]] = mapped_column(Vector(EMBEDDING_DIM))
     tsv: Mapped[str] = mapped_column(
-        TSVECTOR, Computed("to_tsvector('english', text)", persisted=True)
+        TSVECTOR,
+        Computed(
+            "setweight(to_tsvector('english', context), 'A') || "
+            "setweight(to_tsvector('english', text), 'D')",
+            persisted=True,
+        ),
     )
 
 

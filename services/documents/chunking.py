@@ -7,16 +7,19 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.documents.extracted import ExtractedText, Heading, PageSpan
+from services.documents.extracted import ExtractedText, Heading
 
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
     """A slice of the extracted text: text == extracted.text[start_offset:end_offset].
 
-    Offsets are code points, end exclusive; start_byte and end_byte are the same range in UTF-8
-    bytes of the extracted text. Lines and pages are 1-based and inclusive; pages are None for
-    documents without pages.
+    Offsets are code points of the extracted text, end exclusive; start_byte and end_byte
+    are the same range in UTF-8 bytes. Lines are 1-based, inclusive
+    lines of the uploaded file (plain text, Markdown, HTML markup), 0 for PDF and DOCX, which
+    have none. Pages are 1-based and inclusive, None for documents without pages. Paragraphs
+    are 1-based, inclusive numbers of a DOCX body's non-empty paragraphs (a table counts as
+    one), None for other formats.
     """
 
     index: int
@@ -30,6 +33,8 @@ class Chunk:
     heading_path: tuple[str, ...]
     start_byte: int = 0
     end_byte: int = 0
+    paragraph_start: int | None = None
+    paragraph_end: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +82,11 @@ def chunk(
         for start, end in _pack(text, units, max_chars, overlap_chars):
             spans.append((start, end, section.path))
 
-    locate = _Locator(text, extracted.pages)
+    locate = _Locator(extracted)
     chunks: list[Chunk] = []
     for index, (start, end, path) in enumerate(spans):
         page_start, page_end = locate.pages(start, end)
+        paragraph_start, paragraph_end = locate.paragraphs(start, end)
         chunks.append(
             Chunk(
                 index=index,
@@ -94,6 +100,8 @@ def chunk(
                 heading_path=path,
                 start_byte=locate.byte(start),
                 end_byte=locate.byte(end),
+                paragraph_start=paragraph_start,
+                paragraph_end=paragraph_end,
             )
         )
     return chunks
@@ -237,16 +245,20 @@ def _trim(text: str, start: int, end: int) -> tuple[int, int]:
 
 
 class _Locator:
-    """Maps offsets to 1-based line and page numbers."""
+    """Maps offsets of the extracted text to lines of the file, pages and paragraphs."""
 
-    def __init__(self, text: str, pages: Sequence[PageSpan]) -> None:
-        self._text = text
-        self._newlines = [match.start() for match in re.finditer("\n", text)]
+    def __init__(self, extracted: ExtractedText) -> None:
+        self._kind_has_lines = extracted.has_file_lines
+        self._marks = extracted.line_marks
+        self._mark_offsets = [mark.offset for mark in extracted.line_marks]
+        self._newlines = [match.start() for match in re.finditer("\n", extracted.text)]
+        self._text = extracted.text
         # UTF-8 length of text[:offset], advanced lazily; chunk offsets mostly ascend.
         self._cp = 0
         self._byte = 0
-        self._page_starts = [page[0] for page in pages]
-        self._page_ends = [page[1] for page in pages]
+        self._page_starts = [page[0] for page in extracted.pages]
+        self._page_ends = [page[1] for page in extracted.pages]
+        self._paragraphs = list(extracted.paragraphs)
 
     def byte(self, offset: int) -> int:
         """The UTF-8 byte offset of a code-point offset."""
@@ -258,6 +270,11 @@ class _Locator:
         return self._byte
 
     def line(self, offset: int) -> int:
+        if not self._kind_has_lines:
+            return 0
+        if self._marks:
+            found = bisect.bisect_right(self._mark_offsets, offset) - 1
+            return self._marks[max(found, 0)].line
         return bisect.bisect_left(self._newlines, offset) + 1
 
     def pages(self, start: int, end: int) -> tuple[int | None, int | None]:
@@ -267,3 +284,10 @@ class _Locator:
         first_page = min(bisect.bisect_right(self._page_ends, start), last)
         last_page = max(bisect.bisect_left(self._page_starts, end) - 1, first_page)
         return first_page + 1, last_page + 1
+
+    def paragraphs(self, start: int, end: int) -> tuple[int | None, int | None]:
+        if not self._paragraphs:
+            return None, None
+        first = max(bisect.bisect_right(self._paragraphs, start), 1)
+        last = max(bisect.bisect_left(self._paragraphs, end), first)
+        return first, last

@@ -65,8 +65,9 @@ def check_zip_bounds(data: bytes, limits: ParseLimits) -> None:
             )
 
 
-def extract_docx(data: bytes, budget: Budget) -> tuple[str, tuple[Heading, ...]]:
-    """Return the body text (paragraphs and tables in document order) and the headings."""
+def extract_docx(data: bytes, budget: Budget) -> tuple[str, tuple[Heading, ...], tuple[int, ...]]:
+    """Return the body text (paragraphs and tables in document order), the headings, and the
+    start offset of each non-empty paragraph (a table counts as one)."""
     check_zip_bounds(data, budget.limits)
     # python-docx raises KeyError, ValueError, lxml errors and more on damaged packages.
     try:
@@ -83,6 +84,7 @@ def extract_docx(data: bytes, budget: Budget) -> tuple[str, tuple[Heading, ...]]
     parts: list[str] = []
     length = 0
     headings: list[Heading] = []
+    paragraphs: list[int] = []
     for number, block in enumerate(blocks):
         if number % _TIME_CHECK_EVERY == 0:
             budget.check_time()
@@ -105,9 +107,10 @@ def extract_docx(data: bytes, budget: Budget) -> tuple[str, tuple[Heading, ...]]
             length += len(BLOCK_SEPARATOR)
         if level is not None:
             headings.append(Heading(length, level, heading_title(text)))
+        paragraphs.append(length)
         parts.append(text)
         length += len(text)
-    return "".join(parts), tuple(headings)
+    return "".join(parts), tuple(headings), tuple(paragraphs)
 
 
 def _is_word_variant(data: bytes) -> bool:

@@ -40,6 +40,14 @@ class Heading(NamedTuple):
     title: str
 
 
+class LineMark(NamedTuple):
+    """From `offset` (code points into the extracted text) on, the text comes from `line` of the
+    file (1-based); used where extraction changes the lines (HTML)."""
+
+    offset: int
+    line: int
+
+
 class PageSpan(NamedTuple):
     """One page's text as [start, end) code-point offsets into the extracted text."""
 
@@ -54,6 +62,15 @@ class ExtractedText:
     pages: tuple[PageSpan, ...] = ()
     headings: tuple[Heading, ...] = ()
     encoding: str | None = None
+    # HTML: where the text sits in the markup's lines. Plain text and Markdown need none (their
+    # lines are the file's); PDF and DOCX have no lines of the file.
+    line_marks: tuple[LineMark, ...] = ()
+    # DOCX: the start offset of each paragraph (a table counts as one), in document order.
+    paragraphs: tuple[int, ...] = ()
+
+    @property
+    def has_file_lines(self) -> bool:
+        return self.kind in (DocumentKind.TEXT, DocumentKind.MARKDOWN, DocumentKind.HTML)
 
     @property
     def page_count(self) -> int | None:

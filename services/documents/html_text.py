@@ -1,13 +1,24 @@
-"""HTML to plain text that keeps headings and paragraph structure and drops page chrome."""
+"""HTML to plain text that keeps headings and paragraph structure and drops page chrome.
+
+Every piece of text remembers the line of the markup it came from (LineMark), so that a
+citation can name the lines of the uploaded file rather than of the extracted text.
+"""
 
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Any
 
 from lxml import etree
 
-from services.documents.extracted import Budget, Heading, heading_title, normalize_text
+from services.documents.extracted import (
+    Budget,
+    Heading,
+    LineMark,
+    heading_title,
+    normalize_text,
+)
 
 # Elements whose content is never reading matter (code, styling, menus, embedded apps).
 _DROPPED = frozenset(
@@ -50,6 +61,15 @@ class _TextBuilder:
         self._heading_level: int | None = None
         self._heading_offset: int | None = None
         self._heading_parts: list[str] = []
+        self.line_marks: list[LineMark] = []
+        self._line = 1
+
+    def data_at(self, data: str, line: int) -> None:
+        """Text that starts on `line` of the markup; each of its lines is marked as such."""
+        pieces = data.split("\n")
+        for number, piece in enumerate(pieces):
+            self._line = line + number
+            self.data(piece if number + 1 == len(pieces) else piece + "\n")
 
     def start(self, tag: Any, attrib: Any) -> None:
         if self._skip_depth:
@@ -102,13 +122,14 @@ class _TextBuilder:
     def close(self) -> None:
         self._finish_heading()
 
-    def text_and_headings(self) -> tuple[str, tuple[Heading, ...]]:
+    def text_and_headings(self) -> tuple[str, tuple[Heading, ...], tuple[LineMark, ...]]:
         self._finish_heading()
         text = "".join(self.parts)
         stripped = text.lstrip()
         shift = len(text) - len(stripped)
         headings = tuple(Heading(max(0, h.offset - shift), h.level, h.title) for h in self.headings)
-        return stripped.rstrip(), headings
+        marks = tuple(LineMark(max(0, m.offset - shift), m.line) for m in self.line_marks)
+        return stripped.rstrip(), headings, marks
 
     def _is_dropped(self, tag: str, attrib: Any) -> bool:
         if tag in _DROPPED:
@@ -152,6 +173,8 @@ class _TextBuilder:
         self._append(text)
 
     def _append(self, text: str) -> None:
+        if text.strip() and (not self.line_marks or self.line_marks[-1].line != self._line):
+            self.line_marks.append(LineMark(self.length, self._line))
         self.parts.append(text)
         self.length += len(text)
 
@@ -161,7 +184,9 @@ class _TextBuilder:
             self.length -= len(last)
             kept = last.rstrip(" \t")
             if kept:
-                self._append(kept)
+                # Put back without a new line mark: the text keeps the line it came from.
+                self.parts.append(kept)
+                self.length += len(kept)
                 return
 
     def _finish_heading(self) -> None:
@@ -174,25 +199,86 @@ class _TextBuilder:
         self._heading_parts = []
 
 
-def extract_html(markup: str, budget: Budget) -> tuple[str, tuple[Heading, ...]]:
-    """Return the reading text of an HTML page and the offsets of its h1-h6 headings."""
+class _MarkupLines:
+    """Finds where a text node sits in the markup, to give it the line it starts on.
+
+    libxml2 reports the line of each element's start tag, not of text. Text (before entity
+    decoding) is searched for from the last place found; when it cannot be found (it held an
+    entity or a comment), its lines are counted on from its element's start tag.
+    """
+
+    # How far past the cursor a text node is looked for, beyond its own length.
+    SLACK = 4096
+
+    def __init__(self, markup: str) -> None:
+        self.markup = markup
+        self._line_starts = [0, *(m.end() for m in re.finditer("\n", markup))]
+        self.cursor = 0
+
+    def enter(self, sourceline: int | None) -> int:
+        if sourceline:
+            line_start = self._line_starts[min(sourceline, len(self._line_starts)) - 1]
+            self.cursor = max(self.cursor, line_start)
+        return self.line_at(self.cursor)
+
+    def line_at(self, offset: int) -> int:
+        return bisect.bisect_right(self._line_starts, offset)
+
+    def locate(self, text: str) -> int:
+        """The line on which text starts, moving the cursor past it when found."""
+        if not text.strip():
+            return self.line_at(self.cursor)
+        found = self.markup.find(text, self.cursor, self.cursor + len(text) + self.SLACK)
+        if found < 0:
+            return self.line_at(self.cursor)
+        self.cursor = found + len(text)
+        return self.line_at(found)
+
+
+def extract_html(
+    markup: str, budget: Budget
+) -> tuple[str, tuple[Heading, ...], tuple[LineMark, ...]]:
+    """Return the reading text of an HTML page, its h1-h6 headings and its line marks."""
     # libxml2 parses in linear time and recovers from broken markup; html.parser goes
     # quadratic on inputs such as thousands of unclosed "<!--".
     builder = _TextBuilder()
-    parser = etree.HTMLParser(target=builder, no_network=True, remove_comments=True)
+    parser = etree.HTMLParser(no_network=True, remove_comments=True, remove_pis=True)
     markup = normalize_text(markup)
+    root = None
     try:
         for start in range(0, len(markup), _FEED_SIZE):
             budget.check_time()
             parser.feed(markup[start : start + _FEED_SIZE])
+        root = parser.close()
+    except etree.LxmlError:
+        # Raised when nothing parseable was found (blank or markup-free input); no text at all
+        # means an empty document.
+        root = None
+    if root is not None:
+        _walk(root, builder, _MarkupLines(markup), budget)
+    text, headings, marks = builder.text_and_headings()
+    budget.add_chars(len(text))
+    return text, headings, marks
+
+
+def _walk(root: Any, builder: _TextBuilder, lines: _MarkupLines, budget: Budget) -> None:
+    """Replays the tree as parse events, in document order, with the line of each text."""
+    for number, (event, element) in enumerate(etree.iterwalk(root, events=("start", "end"))):
+        if number % 1000 == 0:
+            budget.check_time()
             # Bound the output early: markup can be small while its text is not.
             if builder.length > budget.limits.max_chars:
                 budget.add_chars(builder.length)
-        parser.close()
-    except etree.LxmlError:
-        # Raised when nothing parseable was found (blank or markup-free input); whatever text
-        # was recovered before that still stands, and no text at all means an empty document.
-        pass
-    text, headings = builder.text_and_headings()
-    budget.add_chars(len(text))
-    return text, headings
+        if not isinstance(element.tag, str):
+            if event == "end" and element.tail:
+                builder.data_at(element.tail, lines.locate(element.tail))
+            continue
+        if event == "start":
+            lines.enter(element.sourceline)
+            builder.start(element.tag, element.attrib)
+            if element.text:
+                builder.data_at(element.text, lines.locate(element.text))
+        else:
+            builder.end(element.tag)
+            if element.tail:
+                builder.data_at(element.tail, lines.locate(element.tail))

@@ -9,6 +9,7 @@ that replaces any earlier chunks, so running it twice changes nothing. A lease t
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
+from pathlib import PurePosixPath
 
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.exc import OperationalError
@@ -28,7 +30,7 @@ from services.db.models import utcnow
 from services.db.session import Database
 from services.documents.chunking import Chunk, chunk
 from services.documents.domain import DocumentState
-from services.documents.parsing import DocumentParseError, ParseLimits, parse
+from services.documents.parsing import DocumentParseError, ExtractedText, ParseLimits, parse
 from services.observability.worker_metrics import ingest_stage
 from services.retrieval.embeddings import Embedder, EmbeddingUnavailable
 from services.storage import ObjectMissing, Storage, StorageUnavailable
@@ -145,11 +147,35 @@ def kept_alive(db: Database, document_id: uuid.UUID, lease: timedelta) -> Iterat
         thread.join()
 
 
-def embedding_input(piece: Chunk) -> str:
-    # Only the first chunk of a section contains its heading; the path gives the rest context.
-    if piece.heading_path:
-        return " > ".join(piece.heading_path) + "\n" + piece.text
-    return piece.text
+# A title longer than this is a sentence, not a title.
+MAX_TITLE_CHARS = 120
+_NAME_SEPARATORS = re.compile(r"[\s_\-]+|\.(?!\d)|(?<!\d)\.")
+
+
+def document_title(extracted: ExtractedText, display_name: str) -> str:
+    """What the document is called: its file name without the extension, and its first line
+    when that is short enough to be a title (a heading at the very start counts as one)."""
+    stem = _NAME_SEPARATORS.sub(" ", PurePosixPath(display_name).stem).strip()
+    first = next((h.title for h in extracted.headings if h.offset == 0), "")
+    if not first:
+        line = extracted.text.lstrip()[: MAX_TITLE_CHARS + 1].split("\n", 1)[0]
+        line = " ".join(line.lstrip("#").split())
+        first = line if len(line) <= MAX_TITLE_CHARS else ""
+    if first and first.casefold() != stem.casefold():
+        return f"{stem}: {first}" if stem else first
+    return stem or first
+
+
+def chunk_context(piece: Chunk, title: str) -> str:
+    """The chunk's place: the document's title, then its heading path."""
+    return " > ".join(part for part in (title, *piece.heading_path) if part)
+
+
+def embedding_input(piece: Chunk, title: str = "") -> str:
+    # Only the first chunk of a section contains its heading; the path gives the rest context,
+    # and the title tells which document the passage is from.
+    context = chunk_context(piece, title)
+    return f"{context}\n{piece.text}" if context else piece.text
 
 
 def write_chunks(
@@ -160,6 +186,7 @@ def write_chunks(
     vectors: list[list[float]],
     content_type: str,
     page_count: int,
+    title: str = "",
 ) -> bool:
     """Replaces the document's chunks and marks it READY; False if it changed meanwhile."""
     row = s.scalar(select(DocumentRow).where(DocumentRow.id == document_id).with_for_update())
@@ -184,6 +211,9 @@ def write_chunks(
             page_start=p.page_start,
             page_end=p.page_end,
             heading_path=list(p.heading_path),
+            context=chunk_context(p, title),
+            paragraph_start=p.paragraph_start,
+            paragraph_end=p.paragraph_end,
             embedding=v,
         )
         for p, v in zip(pieces, vectors, strict=True)
@@ -249,8 +279,9 @@ def ingest_document(
         if not pieces:
             mark_failed(db, document_id, "the document contains no text to index")
             return Outcome.FAILED
+        title = document_title(extracted, name)
         with ingest_stage("embed"):
-            vectors = embedder.embed_documents([embedding_input(p) for p in pieces])
+            vectors = embedder.embed_documents([embedding_input(p, title) for p in pieces])
         with ingest_stage("index"):
             written = db.transact(
                 lambda s: write_chunks(
@@ -261,6 +292,7 @@ def ingest_document(
                     vectors,
                     extracted.kind.content_type,
                     extracted.page_count or 0,
+                    title,
                 )
             )
     if not written:

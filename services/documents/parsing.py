@@ -22,6 +22,7 @@ from services.documents.extracted import (
     EmptyDocument,
     ExtractedText,
     Heading,
+    LineMark,
     PageSpan,
     ParseLimits,
     UnsupportedDocument,
@@ -30,6 +31,7 @@ from services.documents.extracted import (
 )
 from services.documents.html_text import extract_html
 from services.documents.pdf_text import extract_pdf
+from services.documents.text_headings import text_headings
 
 __all__ = [
     "CorruptDocument",
@@ -214,22 +216,34 @@ def extract(
     encoding: str | None = None
     pages: tuple[PageSpan, ...] = ()
     headings: tuple[Heading, ...] = ()
+    line_marks: tuple[LineMark, ...] = ()
+    paragraphs: tuple[int, ...] = ()
     if kind is DocumentKind.PDF:
         text, pages, headings = extract_pdf(data, budget)
     elif kind is DocumentKind.DOCX:
-        text, headings = extract_docx(data, budget)
+        text, headings, paragraphs = extract_docx(data, budget)
     else:
         text, encoding = _decode_document(data, kind)
         if kind is DocumentKind.HTML:
             # Markup is bounded by the input size; the limit applies to the text it yields.
-            text, headings = extract_html(text, budget)
+            text, headings, line_marks = extract_html(text, budget)
         else:
             budget.add_chars(len(text))
             if kind is DocumentKind.MARKDOWN:
                 headings = markdown_headings(text)
+            else:
+                headings = text_headings(text)
     if not text.strip():
         raise EmptyDocument("the file contains no text")
-    return ExtractedText(kind=kind, text=text, pages=pages, headings=headings, encoding=encoding)
+    return ExtractedText(
+        kind=kind,
+        text=text,
+        pages=pages,
+        headings=headings,
+        encoding=encoding,
+        line_marks=line_marks,
+        paragraphs=paragraphs,
+    )
 
 
 def parse(

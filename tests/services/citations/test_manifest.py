@@ -100,3 +100,19 @@ def test_excerpt_never_exceeds_its_limit(text: str, limit: int) -> None:
 def test_excerpt_chars_is_applied() -> None:
     hit = chunk("a", 0.5, text="word " * 100)
     assert len(build_manifest([hit], excerpt_chars=30).sources[0].excerpt) <= 30
+
+
+def test_ties_number_by_document_name_and_chunk_not_by_random_ids() -> None:
+    # Same score: the order must not depend on the ids, which differ on every upload.
+    first = [
+        chunk("x1", 0.5, ScoreKind.FUSED, document_id="ffff", document_name="b.md"),
+        chunk("x2", 0.5, ScoreKind.FUSED, document_id="0000", document_name="c.md"),
+        chunk("x3", 0.5, ScoreKind.FUSED, document_id="9999", document_name="a.md"),
+    ]
+    again = [
+        chunk("y1", 0.5, ScoreKind.FUSED, document_id="0001", document_name="b.md"),
+        chunk("y2", 0.5, ScoreKind.FUSED, document_id="fffe", document_name="c.md"),
+        chunk("y3", 0.5, ScoreKind.FUSED, document_id="5555", document_name="a.md"),
+    ]
+    names = [[s.document_name for s in build_manifest(hits).sources] for hits in (first, again)]
+    assert names[0] == names[1] == ["a.md", "b.md", "c.md"]

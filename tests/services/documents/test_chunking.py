@@ -32,8 +32,13 @@ def assert_invariants(
         assert c.text == text[c.start_offset : c.end_offset]
         assert c.text.strip() == c.text != ""
         assert len(c.text) <= max_chars
-        assert c.start_line == text.count("\n", 0, c.start_offset) + 1
-        assert c.end_line == text.count("\n", 0, c.end_offset - 1) + 1
+        if extracted.kind in (DocumentKind.TEXT, DocumentKind.MARKDOWN):
+            # The extracted text of plain text and Markdown is the file, line for line.
+            assert c.start_line == text.count("\n", 0, c.start_offset) + 1
+            assert c.end_line == text.count("\n", 0, c.end_offset - 1) + 1
+        elif not extracted.has_file_lines:
+            # PDF and DOCX have no lines of the file; pages or paragraphs place the chunk.
+            assert c.start_line == c.end_line == 0
         for offset in range(c.start_offset, c.end_offset):
             covered[offset] = True
         if position:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.citations import ScoreKind
-from services.retrieval.fusion import RerankScale, normalize_score
+from services.retrieval.fusion import RRF_LISTS, RerankScale, normalize_score
 
 
 @pytest.mark.parametrize(
@@ -16,8 +16,8 @@ from services.retrieval.fusion import RerankScale, normalize_score
         (0.83, ScoreKind.SIMILARITY, RerankScale.PROBABILITY, 0.83),
         (-0.2, ScoreKind.SIMILARITY, RerankScale.PROBABILITY, 0.0),
         (1.0000001, ScoreKind.SIMILARITY, RerankScale.PROBABILITY, 1.0),
-        (2 / 61, ScoreKind.FUSED, RerankScale.PROBABILITY, 1.0),
-        (1 / 61, ScoreKind.FUSED, RerankScale.PROBABILITY, 0.5),
+        (RRF_LISTS / 61, ScoreKind.FUSED, RerankScale.PROBABILITY, 1.0),
+        (RRF_LISTS / 2 / 61, ScoreKind.FUSED, RerankScale.PROBABILITY, 0.5),
         (0.7, ScoreKind.RERANK, RerankScale.PROBABILITY, 0.7),
         (0.0, ScoreKind.RERANK, RerankScale.LOGIT, 0.5),
         (-1000.0, ScoreKind.RERANK, RerankScale.LOGIT, 0.0),

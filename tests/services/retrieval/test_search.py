@@ -113,3 +113,82 @@ async def test_deleted_document_is_not_found_by_search(channel, make_key, db, em
     assert search(db, embedder, tenant, assistant, "sick leave manager")
     await docs.DeleteDocument(pb.DeleteDocumentRequest(id=leave.id), metadata=bearer(key))
     assert search(db, embedder, tenant, assistant, "sick leave manager") == []
+
+
+THIRD = b"""# Travel
+
+Book trains through the travel portal. Flights over 500 EUR need approval.
+"""
+
+
+async def test_the_same_bytes_uploaded_twice_appear_once(channel, make_key, db, embedder):
+    tenant = "dup-" + uuid.uuid4().hex[:6]
+    key = make_key(tenant)
+    assistant = await make_assistant(channel, key)
+    docs = pb_grpc.DocumentsServiceStub(channel)
+    first = await ingest(docs, key, assistant, "leave.md", LEAVE)
+    copy = await ingest(docs, key, assistant, "leave (1).md", LEAVE)
+    await ingest(docs, key, assistant, "kitchen.md", COFFEE)
+    assert copy.state == pb.DOCUMENT_STATE_READY and copy.id != first.id
+
+    hits = search(db, embedder, tenant, assistant, "How many days of annual leave?", top_k=8)
+    texts = [h.text for h in hits]
+    assert len(texts) == len(set(texts)), "a passage appears twice among the sources"
+    assert {h.document_id for h in hits if "25 days" in h.text} == {first.id}
+
+    # Both uploads stay documents of their own; deleting one leaves the other searchable.
+    await docs.DeleteDocument(pb.DeleteDocumentRequest(id=first.id), metadata=bearer(key))
+    hits = search(db, embedder, tenant, assistant, "How many days of annual leave?", top_k=8)
+    assert {h.document_id for h in hits if "25 days" in h.text} == {copy.id}
+
+
+async def test_ranking_does_not_depend_on_upload_order_or_ids(channel, make_key, db, embedder):
+    tenant = "order-" + uuid.uuid4().hex[:6]
+    key = make_key(tenant)
+    docs = pb_grpc.DocumentsServiceStub(channel)
+    rankings = []
+    for files in (
+        [("leave.md", LEAVE), ("kitchen.md", COFFEE), ("travel.md", THIRD)],
+        [("travel.md", THIRD), ("kitchen.md", COFFEE), ("leave.md", LEAVE)],
+    ):
+        assistant = await make_assistant(channel, key)
+        for name, data in files:
+            await ingest(docs, key, assistant, name, data)
+        rankings.append(
+            [
+                [(h.document_name, h.chunk_index, h.score) for h in search(db, embedder, tenant,
+                                                                            assistant, q, 8)]
+                for q in ("leave days", "who approves flights", "milk", "the")
+            ]
+        )  # fmt: skip
+    assert rankings[0] == rankings[1]
+    assert all(rankings[0][:3])
+
+
+async def test_titles_and_headings_are_searched_but_never_quoted(channel, make_key, db):
+    from sqlalchemy import text
+
+    tenant = "tsv-" + uuid.uuid4().hex[:6]
+    key = make_key(tenant)
+    assistant = await make_assistant(channel, key)
+    docs = pb_grpc.DocumentsServiceStub(channel)
+    body = ("Access ends when the agreement lapses. " * 60).encode()
+    doc = await ingest(
+        docs, key, assistant, "contract.md", b"# Contract\n\n## Termination\n\n" + body
+    )
+    rows = db.transact(
+        lambda s: s.execute(
+            text(
+                "SELECT chunk_index, text, context, tsv::text AS tsv FROM chunks "
+                "WHERE document_id = :d ORDER BY chunk_index"
+            ),
+            {"d": uuid.UUID(doc.id)},
+        ).all()
+    )
+    assert len(rows) > 1
+    later = rows[-1]
+    assert "Termination" not in later.text and "Contract" not in later.text
+    assert later.context == "contract > Contract > Termination"
+    # The heading's term is weighted A in a chunk whose own text never says it.
+    assert "'termin':" in later.tsv and "A" in later.tsv.split("'termin':")[1].split(" ")[0]
+    assert "'access':" in later.tsv

@@ -1,0 +1,126 @@
+"""Excerpts: the part of a chunk that matches the question, cut at word boundaries."""
+
+from __future__ import annotations
+
+import bisect
+import re
+
+ELLIPSIS = "..."
+
+# Sentence ends followed by what starts a sentence; good enough to pick a window, which is
+# all this is used for (the window is then cut at word boundaries anyway).
+_SENTENCE_GAP = re.compile(
+    r"(?<=[.!?:;])\s+(?=[\"'“(\[]?[A-Z0-9])"  # a sentence end, then a capital or a digit
+    r"|\s+(?=\d{1,3}(?:\.\d+)*\.\s)"  # a numbered clause: "2.1. ..."
+)
+_WORD = re.compile(r"\w+")
+_STOPWORDS = frozenset(
+    {
+        "a", "about", "after", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be",
+        "been", "before", "being", "but", "by", "can", "could", "did", "do", "does", "doing",
+        "for", "from", "had", "has", "have", "how", "i", "if", "in", "into", "is", "it", "its",
+        "may", "me", "might", "must", "my", "no", "not", "of", "on", "or", "our", "shall",
+        "should", "so", "than", "that", "the", "their", "them", "then", "there", "these",
+        "they", "this", "those", "to", "under", "up", "upon", "us", "was", "we", "were", "what",
+        "when", "where", "which", "while", "who", "whom", "why", "will", "with", "would", "you",
+        "your",
+    }
+)  # fmt: skip
+
+
+def stem(word: str) -> str:
+    """A light suffix strip, so "warranties" meets "warranty" and "terminated" "terminate"."""
+    w = word.lower()
+    if len(w) <= 3:
+        return w
+    if w.endswith("ies") and len(w) > 4:
+        w = w[:-3] + "y"
+    elif w.endswith("sses"):
+        w = w[:-2]
+    elif w.endswith("s") and not w.endswith(("ss", "us", "is")):
+        w = w[:-1]
+    for suffix in ("ing", "ed"):
+        if w.endswith(suffix) and len(w) - len(suffix) >= 3:
+            w = w[: -len(suffix)]
+            break
+    if w.endswith("e") and len(w) > 3:
+        w = w[:-1]
+    if w.endswith("y") and len(w) > 3:
+        w = w[:-1] + "i"
+    return w
+
+
+def terms(text: str) -> set[str]:
+    return {stem(w) for w in _WORD.findall(text) if w.lower() not in _STOPWORDS}
+
+
+def make_excerpt(text: str, limit: int, query: str = "") -> str:
+    """The chunk's text with whitespace collapsed, cut to at most limit code points.
+
+    With a query, the excerpt is the run of whole sentences that shares the most words with it
+    (words compared after a light stemming), starting with ELLIPSIS when it does not start the
+    chunk. A cut text ends at a word boundary followed by ELLIPSIS, and the ellipses count
+    toward the limit. A single word longer than the limit is cut mid-word. Below 4 code points
+    there is no room for an ellipsis, so the text is cut hard.
+    """
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    if limit <= len(ELLIPSIS):
+        return flat[:limit]
+    wanted = terms(query) if query else set()
+    start = _best_window_start(flat, wanted, limit) if wanted else 0
+    if start == 0:
+        return _cut(flat, limit)
+    return ELLIPSIS + _cut(flat[start:], limit - len(ELLIPSIS))
+
+
+def _cut(flat: str, limit: int) -> str:
+    if len(flat) <= limit:
+        return flat
+    if limit <= len(ELLIPSIS):
+        return flat[:limit]
+    room = limit - len(ELLIPSIS)
+    head = flat[:room]
+    if flat[room] != " ":
+        space = head.rfind(" ")
+        if space > 0:
+            head = head[:space]
+    head = head.rstrip(" ,;:-–—")
+    return (head or flat[:room]) + ELLIPSIS
+
+
+def _best_window_start(flat: str, wanted: set[str], limit: int) -> int:
+    """Where the excerpt covering the most question words starts; 0 when nothing matches.
+
+    Candidates are word starts; a sentence start wins a tie, then the earlier one. A window
+    that fits from the chunk's start anyway keeps the start (no leading ellipsis).
+    """
+    room = max(limit - 2 * len(ELLIPSIS), 1)
+    sentence_starts = {0, *(gap.end() for gap in _SENTENCE_GAP.finditer(flat))}
+    tokens = [
+        (m.start(), m.end(), stem(m.group()))
+        for m in _WORD.finditer(flat)
+        if m.group().lower() not in _STOPWORDS
+    ]
+    token_starts = [start for start, _, _ in tokens]
+
+    def covered(start: int, width: int) -> int:
+        first = bisect.bisect_left(token_starts, start)
+        found = set()
+        for _, end, term in tokens[first:]:
+            if end > start + width:
+                break
+            if term in wanted:
+                found.add(term)
+        return len(found)
+
+    best_key, best_start = (0, False, 0), 0
+    for word in re.finditer(r"\S+", flat):
+        start = word.start()
+        key = (covered(start, room), start in sentence_starts, -start)
+        if key > best_key:
+            best_key, best_start = key, start
+    if best_key[0] == 0 or covered(0, limit - len(ELLIPSIS)) >= best_key[0]:
+        return 0
+    return best_start

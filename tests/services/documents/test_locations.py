@@ -1,0 +1,191 @@
+"""Citation locations point into the uploaded file: open it at the cited lines and find the text."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import docx
+import pytest
+from lxml import html as lxml_html
+
+from services.documents.chunking import chunk
+from services.documents.parsing import parse
+from services.documents.text_headings import text_headings
+from tests.fixtures.documents.samples import FIXTURES, handbook_docx, multipage_pdf
+
+WORD = re.compile(r"[A-Za-z0-9_]{2,}")
+
+# DocBook output closes tags at the start of the next line, so text starts below its tag.
+DOCBOOK = """<!DOCTYPE HTML PUBLIC "-//W3C//DTD HTML 4.01//EN">
+<HTML
+><HEAD
+><TITLE
+>Users and groups</TITLE
+><META
+NAME="GENERATOR"
+CONTENT="Modular DocBook HTML Stylesheet Version 1.79"></HEAD
+><BODY
+><H1
+>Users and groups</H1
+><DL
+><DT
+>operator</DT
+><DD
+><P
+>\t    Operator is historically (and practically) a no-login account
+\t    with the UID 37 &amp; it is kept for compatibility.
+\t  </P
+></DD
+><DT
+>dip</DT
+><DD
+><P
+>\t    Dialup IP. Tools such as ppp, dip, wvdial, etc.
+\t    need it to open the serial port and dial out.
+\t  </P
+></DD
+></DL
+>
+<!-- a comment that spans
+     two lines -->
+<P>Members of <B>staff</B> may modify
+the local system without root.</P>
+</BODY
+></HTML
+>
+"""
+
+
+def visible_text(lines: list[str], start: int, end: int) -> str:
+    """The text a reader sees on lines start..end of an HTML file."""
+    fragment = "\n".join(lines[start - 1 : end])
+    # A cited range can start or end inside a tag; cut to whole tags before rendering.
+    fragment = re.sub(r"^[^<]*?>", "", fragment)
+    fragment = re.sub(r"<[^>]*$", "", fragment)
+    return " ".join(lxml_html.fromstring(f"<div>{fragment}</div>").text_content().split())
+
+
+@pytest.mark.parametrize("max_chars", [80, 160, 1200])
+def test_html_lines_are_lines_of_the_markup(max_chars: int) -> None:
+    extracted = parse(DOCBOOK.encode(), "text/html")
+    lines = DOCBOOK.split("\n")
+    chunks = chunk(extracted, max_chars=max_chars, overlap_chars=20)
+    assert chunks
+    for c in chunks:
+        assert 1 <= c.start_line <= c.end_line <= len(lines)
+        seen = visible_text(lines, c.start_line, c.end_line)
+        words = WORD.findall(c.text)
+        for word in (*words[:2], *words[-2:]):
+            assert word in seen, (word, c.start_line, c.end_line, c.text)
+
+
+def test_html_cited_lines_hold_the_paragraph() -> None:
+    extracted = parse(DOCBOOK.encode(), "text/html")
+    lines = DOCBOOK.split("\n")
+    staff = next(c for c in chunk(extracted, max_chars=80, overlap_chars=0) if "staff" in c.text)
+    # The paragraph sits after a two-line comment: its lines are those of the file.
+    first = next(n for n, line in enumerate(lines, 1) if "Members of" in line)
+    assert staff.start_line == first
+    assert "without root" in lines[staff.end_line - 1]
+    operator = next(
+        c for c in chunk(extracted, max_chars=100, overlap_chars=0) if "UID 37" in c.text
+    )
+    assert "UID 37" in "\n".join(lines[operator.start_line - 1 : operator.end_line])
+
+
+def test_article_fixture_lines_hold_their_text() -> None:
+    source = (FIXTURES / "article.html").read_text()
+    lines = source.split("\n")
+    extracted = parse(source.encode(), "text/html")
+    for c in chunk(extracted, max_chars=120, overlap_chars=0):
+        seen = visible_text(lines, c.start_line, c.end_line)
+        for word in WORD.findall(c.text)[:3]:
+            assert word in seen, (word, c)
+    upgrade = next(
+        c for c in chunk(extracted, max_chars=60, overlap_chars=0) if "make run" in c.text
+    )
+    assert "make run" in lines[upgrade.end_line - 1]
+
+
+def test_docx_chunks_carry_paragraph_numbers_and_no_lines() -> None:
+    data = handbook_docx()
+    paragraphs = [p.text for p in docx.Document(io.BytesIO(data)).paragraphs if p.text.strip()]
+    extracted = parse(data)
+    chunks = chunk(extracted, max_chars=120, overlap_chars=0)
+    for c in chunks:
+        assert c.start_line == c.end_line == 0
+        assert c.paragraph_start is not None and c.paragraph_end is not None
+        assert 1 <= c.paragraph_start <= c.paragraph_end
+    travel = next(c for c in chunks if "travel portal" in c.text)
+    # Paragraphs count the non-empty body paragraphs in order, the table counting as one.
+    body = [*paragraphs[:5], "<table>", *paragraphs[5:]]
+    assert "travel portal" in body[travel.paragraph_end - 1]
+    assert travel.heading_path[-1] == "Travel"
+
+
+def test_pdf_chunks_have_pages_not_lines() -> None:
+    for c in chunk(parse(multipage_pdf(2)), max_chars=300, overlap_chars=0):
+        assert c.start_line == c.end_line == 0 and c.page_start and c.paragraph_start is None
+
+
+PLAIN = """                    SAMPLE LICENSE
+
+                        Preamble
+
+  Everyone may copy this text.
+
+                  TERMS AND CONDITIONS
+
+  0. Definitions.
+
+  "Work" means the program.
+
+  1. Grant of Rights. Subject to the terms of this License, you may
+  copy the Work.
+
+  2.1 Scope
+
+  It covers copies.
+  7.  This requirement modifies the requirement in section 4 to
+  "keep intact all notices".
+
+Section 3 - Termination
+
+ARTICLE IV
+
+Steps to follow:
+1. Install the package
+2. Run it
+"""
+
+
+def test_plain_text_gets_numbered_and_titled_sections_as_headings() -> None:
+    found = {(h.level, h.title) for h in text_headings(PLAIN)}
+    assert (1, "Preamble") in found
+    assert (1, "TERMS AND CONDITIONS") in found
+    assert (2, "0. Definitions.") in found
+    assert (2, "1. Grant of Rights") in found
+    assert (3, "2.1 Scope") in found
+    assert (2, "Section 3 - Termination") in found
+    assert (1, "ARTICLE IV") in found
+    titles = {title for _, title in found}
+    # Sentences and list items are not headings.
+    assert not any(t.startswith(("7.", "1. Install", "2. Run")) for t in titles)
+    assert "SAMPLE LICENSE" in titles
+    for heading in text_headings(PLAIN):
+        assert (
+            PLAIN[heading.offset : heading.offset + 200]
+            .strip()
+            .startswith(heading.title.split()[0])
+        )
+
+
+def test_plain_text_chunks_carry_heading_paths_and_file_lines() -> None:
+    extracted = parse(PLAIN.encode(), "text/plain")
+    lines = PLAIN.split("\n")
+    chunks = chunk(extracted, max_chars=120, overlap_chars=0)
+    grant = next(c for c in chunks if "Grant of Rights" in c.text)
+    assert grant.heading_path == ("TERMS AND CONDITIONS", "1. Grant of Rights")
+    assert "Grant of Rights" in lines[grant.start_line - 1]
+    assert "copy the Work." in lines[grant.end_line - 1]
