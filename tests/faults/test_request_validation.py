@@ -24,7 +24,9 @@ from tests.support import bearer, error_info
 
 
 def upload(channel, key, assistant_id, data=b"# Notes\n\nSome text.\n", **metadata):
-    meta = dpb.UploadDocumentMetadata(assistant_id=assistant_id, display_name="notes.md", **metadata)
+    meta = dpb.UploadDocumentMetadata(
+        assistant_id=assistant_id, display_name="notes.md", **metadata
+    )
     messages = [dpb.UploadDocumentRequest(metadata=meta), dpb.UploadDocumentRequest(chunk=data)]
     return dpb_grpc.DocumentsServiceStub(channel).UploadDocument(
         iter(messages), metadata=bearer(key), timeout=60
