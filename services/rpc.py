@@ -31,9 +31,18 @@ log = logging.getLogger(__name__)
 # Failures of a dependency rather than of the call: the client may retry (UNAVAILABLE).
 DEPENDENCY_ERRORS: tuple[type[BaseException], ...] = (
     sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
     sqlalchemy.exc.TimeoutError,
     kombu.exceptions.OperationalError,
 )
+
+
+def is_dependency_error(exc: BaseException) -> bool:
+    """A dependency that went away, including a database connection cut in mid-statement."""
+    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, DEPENDENCY_ERRORS)
+
 
 # Health and reflection stay open so probes and tools work without a key.
 PUBLIC_SERVICE_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
@@ -103,7 +112,7 @@ async def abort_for(context: grpc.aio.ServicerContext, exc: BaseException, metho
     """Ends the RPC with the status for exc; unknown errors are logged and never described."""
     if isinstance(exc, FootnoteError):
         await context.abort_with_status(error_status(exc))
-    if isinstance(exc, DEPENDENCY_ERRORS):
+    if is_dependency_error(exc):
         log.warning("a dependency failed in %s: %s", method, type(exc).__name__)
         await context.abort_with_status(
             error_status(Unavailable("a service this call depends on is unavailable; retry"))
