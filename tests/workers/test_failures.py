@@ -1,8 +1,9 @@
 """Ingestion survives a worker killed mid-task and an object store that stops answering.
 
 Each test runs its own worker on its own broker, so the session's worker cannot take the
-task first. The document state lives in SQL, so recovery goes through the lease and the
-reconciler, exactly as in production.
+task first. The document state lives in SQL, so recovery goes through the lease holder and
+the reconciler, exactly as in production: a reconciler on this host (the new worker's, or the
+session worker's) sees that the killed holder's process is gone and re-sends the document.
 """
 
 from __future__ import annotations
