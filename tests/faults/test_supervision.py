@@ -2,7 +2,8 @@
 
 Expected outcomes:
 - a child killed with SIGKILL is reaped at once (no zombie), restarted, and counted;
-- Redis killed with SIGKILL comes back on the same port with its data (append-only file);
+- Redis, Postgres and S3 killed with SIGKILL come back on the same port with their data
+  (Redis through its append-only file);
 - a child that dies five times within a minute is not restarted again: the stack reports it,
   naming it, with the tail of its log;
 - (slow, `make faults`) `footnote dev`: after SIGKILL of the worker's main process, an upload
@@ -11,6 +12,7 @@ Expected outcomes:
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import grpc
 import psutil
+import psycopg
 import pytest
 import redis
 
@@ -33,6 +36,7 @@ from devstack.supervisor import STATUS_FILE, RestartPolicy
 from footnote.client import CLIENT_FILE
 from footnote.v1 import assistants_service_pb2 as apb
 from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
+from services.storage import Storage
 from tests.support import bearer
 
 FAST = RestartPolicy(max_deaths=5, window_seconds=60, backoff_initial_seconds=0.05)
@@ -229,3 +233,50 @@ def test_dev_stops_when_a_child_keeps_dying(stack_dir):
         assert "redis died 5 times" in err and "last lines of" in err, err[-2000:]
     finally:
         stop_dev(proc)
+
+
+def test_postgres_killed_comes_back_with_its_data(stack_dir, settings):
+    fatal: list[str] = []
+    with configured_stack(stack_dir, settings, database_url=None) as stack:
+        stack.supervise_children(fatal.append, FAST)
+        url = stack.endpoints.database_url.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE kept (v text)")
+            conn.execute("INSERT INTO kept VALUES ('yes')")
+        old = stack.pids()["postgres"]
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: stack.pids().get("postgres", old) != old, 20, "a restart")
+
+        def read() -> str | None:
+            try:
+                with psycopg.connect(url, connect_timeout=2) as conn:
+                    return conn.execute("SELECT v FROM kept").fetchone()[0]
+            except psycopg.Error:
+                return None
+
+        assert wait_for(read, 60, "postgres to answer again") == "yes"
+    assert fatal == []
+
+
+def test_s3_killed_comes_back_with_its_objects(stack_dir, settings):
+    fatal: list[str] = []
+    with configured_stack(
+        stack_dir, settings, s3_endpoint=None, s3_access_key=None, s3_secret_key=None
+    ) as stack:
+        stack.supervise_children(fatal.append, FAST)
+        e = stack.endpoints
+        storage = Storage(e.s3_endpoint, e.s3_access_key, e.s3_secret_key, e.s3_bucket)
+        storage.ensure_bucket()
+        storage.put("kept", io.BytesIO(b"yes"), 3, "text/plain")
+        old = stack.pids()["s3"]
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: stack.pids().get("s3", old) != old, 20, "a restart")
+
+        def read() -> bytes | None:
+            try:
+                return b"".join(storage.stream("kept"))
+            except Exception:
+                return None
+
+        assert wait_for(read, 60, "S3 to answer again") == b"yes"
+    assert fatal == []
