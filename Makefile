@@ -10,7 +10,7 @@ GENERATED := footnote/v1/.generated
 LLM ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup proto lint test test-llm run dev bench clean
+.PHONY: setup proto lint test test-llm faults run dev bench clean
 
 setup: $(STAMP) $(GENERATED)
 
@@ -43,6 +43,10 @@ lint: setup
 
 test: setup
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The slow fault trials: footnote dev stacks whose children are killed, outages that heal.
+faults: setup
+	$(BIN)/pytest -m faults $(PYTEST_ARGS)
 
 # The llm extra builds llama.cpp from source the first time (about 12 minutes on 2 cores).
 $(LLM_STAMP): $(STAMP)

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack.stack import EmbeddedStack
 from devstack.state import ENDPOINTS_FILE, Endpoints, settings_with_endpoints
+from devstack.supervisor import STATUS_FILE
 from footnote.client import CLIENT_FILE
 from services import auth
 from services.config import Settings
@@ -118,9 +119,28 @@ def start_local_llm(stack: EmbeddedStack, settings: Settings, state_dir: Path) -
     )
 
 
+class StackFailed:
+    """Why the stack stopped by itself, if it did: a child that kept dying, or the server."""
+
+    def __init__(self) -> None:
+        self.message: str | None = None
+
+    def child_died_too_often(self, message: str) -> None:
+        # Called on the supervisor's thread: the main thread stops everything on SIGTERM.
+        self.message = message
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def run_dev(settings: Settings, state_dir: Path, llm: str | None = None) -> None:
+    """Runs the stack until a signal, a child that keeps dying, or a server crash.
+
+    The gRPC server runs in this process, which also supervises the children: if it crashes,
+    nothing is left to supervise, so a server crash stops the whole stack with its error
+    (exit code 1) rather than being restarted. Every child is restarted when it dies.
+    """
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
+    failed = StackFailed()
     stack = EmbeddedStack(
         state_dir,
         database_url=settings.database_url,
@@ -144,14 +164,22 @@ def run_dev(settings: Settings, state_dir: Path, llm: str | None = None) -> None
             start_worker(stack, endpoints, settings.log_format)
             if llm == "local":
                 settings = start_local_llm(stack, settings, state_dir)
+            stack.supervise_children(failed.child_died_too_often)
         asyncio.run(serve_until_signalled(settings, key, state_dir))
     except KeyboardInterrupt:
         pass
+    except Exception as err:
+        log.exception("the gRPC server failed")
+        failed.message = f"the gRPC server failed: {type(err).__name__}: {err}"
     finally:
         # A second signal must not cut the cleanup short and leave children behind.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stack.stop()
-        for name in (ENDPOINTS_FILE, CLIENT_FILE):
+        for name in (ENDPOINTS_FILE, CLIENT_FILE, STATUS_FILE):
             (state_dir / name).unlink(missing_ok=True)
+        if failed.message is not None:
+            print(f"footnote: stopped: {failed.message}", file=sys.stderr, flush=True)
+            print("footnote: stopped", flush=True)
+            raise SystemExit(1)
         print("footnote: stopped", flush=True)

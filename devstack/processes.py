@@ -70,6 +70,8 @@ class Child:
     # Added with supervise(): a client of the services, stopped before any of them.
     client: bool = False
     spawned_at: float = field(default_factory=time.monotonic)
+    # How it was started, so that the supervisor can start it again the same way.
+    launch: Launch | None = None
 
     def log_tail(self) -> str:
         """The last lines this run wrote to the child's log."""

@@ -17,6 +17,7 @@ import os
 import secrets
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,7 @@ from devstack.processes import (
     wait_gone,
 )
 from devstack.state import Endpoints, Layout, new_access_key, read_state, write_private_json
+from devstack.supervisor import RestartPolicy, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,8 @@ class EmbeddedStack:
         self._start_timeout = start_timeout
         self._stop_grace = stop_grace
         self._children: list[Child] = []
+        self._children_lock = threading.Lock()
+        self._supervisor: Supervisor | None = None
         self._lock_fd: int | None = None
         self._endpoints: Endpoints | None = None
 
@@ -88,6 +92,32 @@ class EmbeddedStack:
         if self._endpoints is None:
             raise RuntimeError("the stack is not running; call start() first")
         return self._endpoints
+
+    def children(self) -> list[Child]:
+        with self._children_lock:
+            return list(self._children)
+
+    def supervise_children(
+        self, on_fatal: Callable[[str], None], policy: RestartPolicy | None = None
+    ) -> Supervisor:
+        """Restarts children that die, until one dies too often (see devstack.supervisor)."""
+        if self._supervisor is None:
+            self._supervisor = Supervisor(self, on_fatal, policy or RestartPolicy())
+            self._supervisor.start()
+        return self._supervisor
+
+    def respawn(self, child: Child) -> Child:
+        """Starts a dead child again, the way it was started, in its place."""
+        if child.launch is None:
+            raise ValueError(f"{child.name} cannot be restarted")
+        if child.name == "s3":
+            seaweedfs.remove_sockets(child.ports)
+        replacement = self._spawn(child.name, child.launch)
+        replacement.client = child.client
+        with self._children_lock:
+            self._children.remove(replacement)
+            self._children[self._children.index(child)] = replacement
+        return replacement
 
     def pids(self) -> dict[str, int]:
         """The main pid of each process this stack started and that is still running."""
@@ -105,7 +135,7 @@ class EmbeddedStack:
         """Runs another process (a worker, say) like the services: logged, and stopped first."""
         if self._endpoints is None:
             raise RuntimeError("start() the stack before supervising processes with it")
-        if any(c.name == name for c in self._children):
+        if any(c.name == name for c in self.children()):
             raise ValueError(f"a process named {name!r} is already supervised")
         self._layout.logs.mkdir(parents=True, exist_ok=True)
         child = self._spawn(name, Launch(args, cwd or Path.cwd(), stop_signal, env=env))
@@ -130,7 +160,11 @@ class EmbeddedStack:
     def stop(self) -> None:
         """Stops every child, SIGKILLing what outlives the grace period; safe to call twice."""
         began = time.monotonic()
-        children = list(self._children)
+        if self._supervisor is not None:
+            # No restart may race the stop.
+            self._supervisor.stop()
+            self._supervisor = None
+        children = self.children()
         # Clients first, so that a worker can finish its tasks while the services still run.
         # Within each wave, signal everyone first and then wait, so they stop side by side.
         for wave in ([c for c in children if c.client], [c for c in children if not c.client]):
@@ -140,7 +174,8 @@ class EmbeddedStack:
                 if child.name == "s3":
                     seaweedfs.remove_sockets(child.ports)
                 # Forget a child only once it is gone, so an interrupted stop can be repeated.
-                self._children.remove(child)
+                with self._children_lock:
+                    self._children.remove(child)
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing releases the flock
             self._lock_fd = None
@@ -271,9 +306,17 @@ class EmbeddedStack:
                 )
             )
         child = Child(
-            name, proc, launch.stop_signal, log_path, offset, launch.ports, launch.grace_cap
+            name,
+            proc,
+            launch.stop_signal,
+            log_path,
+            offset,
+            launch.ports,
+            launch.grace_cap,
+            launch=launch,
         )
-        self._children.append(child)
+        with self._children_lock:
+            self._children.append(child)
         log.debug("started %s (pid %d): %s", name, proc.pid, " ".join(launch.args))
         return child
 

@@ -43,15 +43,29 @@ class Settings(BaseSettings):
     max_upload_bytes: int = 100 * 1024 * 1024
     chunk_chars: int = 1200
     chunk_overlap_chars: int = 200
-    # Ingestion: a worker holds a lease on the document it works on and renews it every third
-    # of the lease; when a killed worker's lease runs out, the reconciler re-sends the task.
+    # Ingestion: a worker holds a lease on the document it works on and renews it every few
+    # seconds (its heartbeat); a killed attempt is taken over by the redelivered task or the
+    # reconciler as soon as its process is gone or three heartbeats are missed.
     ingest_lease_seconds: float = 60.0
-    ingest_max_retries: int = 5
-    ingest_retry_backoff_seconds: int = 2
-    ingest_retry_backoff_max_seconds: int = 300
+    # Transient failures retry after about 5, 10, 20, 40, 80, 120, 120 and 120 seconds (each
+    # with jitter between half and all of it): a horizon of four to nine minutes.
+    ingest_max_retries: int = 8
+    ingest_retry_backoff_seconds: int = 5
+    ingest_retry_backoff_max_seconds: int = 120
+    # Per-document limits: past them a document ends FAILED (permanent) naming the limit. The
+    # budget stays below the task's soft time limit.
+    max_chunks_per_document: int = 10_000
+    ingest_time_budget_seconds: float = 600.0
     reconcile_interval_seconds: float = 30.0
     # A PENDING document is re-sent this long after its last send (it may sit in a backlog).
     reconcile_queued_grace_seconds: float = 300.0
+    # A document FAILED for a transient reason is re-sent by the reconciler, once its
+    # dependencies answer, after 1, 2, 4, 8 and 16 times this delay; then it stays FAILED.
+    reconcile_transient_retries: int = 5
+    reconcile_transient_backoff_seconds: float = 60.0
+    # The server's background health check of Postgres, the broker and S3.
+    health_check_interval_seconds: float = 2.0
+    health_check_timeout_seconds: float = 2.0
     link_timeout_seconds: float = 5.0
     shutdown_grace_seconds: float = 5.0
     log_level: str = "INFO"

@@ -6,13 +6,13 @@ import contextvars
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import grpc
 import kombu.exceptions
 import sqlalchemy.exc
-from google.protobuf import any_pb2, timestamp_pb2
+from google.protobuf import any_pb2, duration_pb2, timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -20,6 +20,7 @@ from services.auth import Authenticator, Principal
 from services.errors import (
     ERROR_DOMAIN,
     FootnoteError,
+    InvalidArgument,
     Unauthenticated,
     Unavailable,
     Unimplemented,
@@ -30,9 +31,18 @@ log = logging.getLogger(__name__)
 # Failures of a dependency rather than of the call: the client may retry (UNAVAILABLE).
 DEPENDENCY_ERRORS: tuple[type[BaseException], ...] = (
     sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
     sqlalchemy.exc.TimeoutError,
     kombu.exceptions.OperationalError,
 )
+
+
+def is_dependency_error(exc: BaseException) -> bool:
+    """A dependency that went away, including a database connection cut in mid-statement."""
+    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, DEPENDENCY_ERRORS)
+
 
 # Health and reflection stay open so probes and tools work without a key.
 PUBLIC_SERVICE_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
@@ -51,6 +61,30 @@ def to_timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     ts = timestamp_pb2.Timestamp()
     ts.FromDatetime(value)
     return ts
+
+
+# google.protobuf.Duration's documented range: about 10,000 years either way.
+MAX_DURATION_SECONDS = 315_576_000_000
+
+
+def to_timedelta(value: duration_pb2.Duration, field: str) -> timedelta:
+    """A valid Duration as a timedelta; INVALID_ARGUMENT naming the field otherwise."""
+    seconds, nanos = value.seconds, value.nanos
+    if (
+        abs(seconds) > MAX_DURATION_SECONDS
+        or abs(nanos) > 999_999_999
+        or (seconds > 0 and nanos < 0)
+        or (seconds < 0 and nanos > 0)
+    ):
+        raise InvalidArgument(
+            field,
+            f"{field} is not a valid Duration: seconds within ±{MAX_DURATION_SECONDS}, nanos "
+            "within ±999,999,999 and of the same sign as seconds",
+        )
+    try:
+        return timedelta(seconds=seconds, microseconds=nanos // 1000)
+    except OverflowError:
+        raise InvalidArgument(field, f"{field} is out of range") from None
 
 
 def error_status(err: FootnoteError) -> grpc.Status:
@@ -78,7 +112,7 @@ async def abort_for(context: grpc.aio.ServicerContext, exc: BaseException, metho
     """Ends the RPC with the status for exc; unknown errors are logged and never described."""
     if isinstance(exc, FootnoteError):
         await context.abort_with_status(error_status(exc))
-    if isinstance(exc, DEPENDENCY_ERRORS):
+    if is_dependency_error(exc):
         log.warning("a dependency failed in %s: %s", method, type(exc).__name__)
         await context.abort_with_status(
             error_status(Unavailable("a service this call depends on is unavailable; retry"))
@@ -90,6 +124,47 @@ async def abort_for(context: grpc.aio.ServicerContext, exc: BaseException, metho
         )
     log.exception("unhandled error in %s", method, exc_info=exc)
     await context.abort_with_status(internal_status())
+
+
+class Undecodable:
+    """Stands for a request message that could not be parsed (bad wire format, bad UTF-8)."""
+
+
+UNDECODABLE = Undecodable()
+
+
+def undecodable_request() -> InvalidArgument:
+    return InvalidArgument(
+        "request",
+        "the request message could not be decoded: it is not a valid protobuf message of this "
+        "method's request type (strings must be valid UTF-8)",
+        reason="REQUEST_UNDECODABLE",
+    )
+
+
+def tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """A deserializer that returns UNDECODABLE instead of raising.
+
+    grpc.aio answers a deserializer's exception with UNKNOWN and the exception's name; the
+    handler turns UNDECODABLE into INVALID_ARGUMENT instead.
+    """
+    if deserialize is None:
+        return None
+
+    def run(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception:
+            return UNDECODABLE
+
+    return run
+
+
+async def decoded(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        if request is UNDECODABLE:
+            raise undecodable_request()
+        yield request
 
 
 def wrap_handler(
@@ -114,6 +189,10 @@ def wrap_handler(
             try:
                 if before is not None:
                     await before(context)
+                if request is UNDECODABLE:
+                    raise undecodable_request()
+                if handler.request_streaming:
+                    request = decoded(request)
                 result = inner(request, context)
                 if inspect.isasyncgen(result):
                     async for item in result:
@@ -132,6 +211,10 @@ def wrap_handler(
             try:
                 if before is not None:
                     await before(context)
+                if request is UNDECODABLE:
+                    raise undecodable_request()
+                if handler.request_streaming:
+                    request = decoded(request)
                 return await inner(request, context)
             except grpc.aio.AbortError:
                 raise
@@ -142,7 +225,7 @@ def wrap_handler(
 
     return factory(
         behavior,
-        request_deserializer=handler.request_deserializer,
+        request_deserializer=tolerant(handler.request_deserializer),
         response_serializer=handler.response_serializer,
     )
 
@@ -170,8 +253,10 @@ class FootnoteInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
         method = details.method
-        if handler is None or method.startswith(PUBLIC_SERVICE_PREFIXES):
+        if handler is None:
             return handler
+        if method.startswith(PUBLIC_SERVICE_PREFIXES):
+            return wrap_handler(handler, method)
 
         async def authenticate(context: grpc.aio.ServicerContext) -> None:
             key = bearer_key(context.invocation_metadata())

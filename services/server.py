@@ -35,6 +35,7 @@ from services.db.session import Database, make_engine
 from services.documents.links import LinkSigner
 from services.documents.service import DocumentService
 from services.documents.servicer import DocumentsServicer
+from services.health import DependencyHealth
 from services.http import create_http_app, start_http
 from services.llm.base import Generator
 from services.llm.factory import create_generator
@@ -186,6 +187,9 @@ async def serve(
         shutdown_timeout=settings.shutdown_grace_seconds,
     )
     await mark_serving(deps.health)
+    # From now on health follows Postgres, the broker and S3.
+    checker = DependencyHealth.from_settings(settings, deps.health, SERVICE_NAMES)
+    checker.start()
     log.info("serving gRPC on %s:%d, HTTP on %d", settings.grpc_host, port, http_port)
     if ready is not None:
         ready.set_result(port)
@@ -193,6 +197,7 @@ async def serve(
         await stop.wait()
     finally:
         # Health flips to NOT_SERVING first so balancers stop sending new calls.
+        await checker.stop()
         await deps.health.enter_graceful_shutdown()
         await server.stop(settings.shutdown_grace_seconds)
         await http_runner.cleanup()

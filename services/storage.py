@@ -45,13 +45,16 @@ class Storage:
         *,
         region: str = "us-east-1",
         timeout_seconds: float = 15.0,
+        retries: int = 2,
     ) -> None:
         parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
         if not parts.hostname:
             raise ValueError(f"not an S3 endpoint URL: {endpoint!r}")
         http = urllib3.PoolManager(
             timeout=urllib3.Timeout(connect=min(5.0, timeout_seconds), read=timeout_seconds),
-            retries=urllib3.Retry(total=2, backoff_factor=0.2, status_forcelist=(502, 503, 504)),
+            retries=urllib3.Retry(
+                total=retries, backoff_factor=0.2, status_forcelist=(502, 503, 504)
+            ),
             maxsize=10,
         )
         self.bucket = bucket
@@ -78,6 +81,11 @@ class Storage:
             ) from err
         except MinioException as err:
             raise StorageUnavailable(f"object storage failed: {type(err).__name__}") from err
+
+    def ping(self) -> None:
+        """Raises StorageUnavailable unless the store answers and the bucket exists."""
+        if not self._call(lambda: self.client.bucket_exists(self.bucket)):
+            raise StorageUnavailable(f"the bucket {self.bucket!r} does not exist")
 
     def ensure_bucket(self) -> None:
         if not self._call(lambda: self.client.bucket_exists(self.bucket)):

@@ -6,11 +6,14 @@ what the tasks do, and nothing here imports it.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime, timedelta
 
+import redis.exceptions
 from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
 from kombu import Exchange, Queue
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from services.config import Settings
 from services.errors import Unavailable
@@ -27,6 +30,22 @@ PRESIGN = "links.presign"
 # hands a still-running task to a second worker.
 TASK_TIME_LIMIT_SECONDS = 15 * 60
 VISIBILITY_TIMEOUT_SECONDS = 2 * TASK_TIME_LIMIT_SECONDS
+
+# What Celery raises when the broker or the result backend cannot be reached: kombu wraps
+# connection errors, the Redis result backend lets its own through, and a backend that gave up
+# reconnecting raises RuntimeError.
+BROKER_ERRORS: tuple[type[BaseException], ...] = (
+    KombuOperationalError,
+    redis.exceptions.RedisError,
+    ConnectionError,
+    TimeoutError,
+    OSError,
+    RuntimeError,
+)
+
+
+def broker_unavailable() -> Unavailable:
+    return Unavailable("the task broker is unavailable; retry later", reason="BROKER_UNAVAILABLE")
 
 
 def create_celery(settings: Settings) -> Celery:
@@ -89,18 +108,27 @@ class TaskClient:
     def presign(
         self, document_ids: list[str], ttl: timedelta, timeout: float
     ) -> dict[str, tuple[str, datetime]]:
-        """URL and expiry per live document, signed by the links pool; blocks up to timeout."""
-        result = self.celery.send_task(
-            PRESIGN, args=[document_ids, int(ttl.total_seconds())], expires=timeout
-        )
+        """URL and expiry per live document, signed by the links pool; blocks up to timeout.
+
+        UNAVAILABLE when the pool does not answer in time or the broker cannot be reached.
+        """
+        try:
+            result = self.celery.send_task(
+                PRESIGN, args=[document_ids, int(ttl.total_seconds())], expires=timeout
+            )
+        except BROKER_ERRORS:
+            raise broker_unavailable() from None
         try:
             raw = result.get(timeout=timeout, propagate=True)
         except CeleryTimeout:
             raise Unavailable(
                 "the links worker pool did not answer in time", reason="LINKS_UNAVAILABLE"
             ) from None
+        except BROKER_ERRORS:
+            raise broker_unavailable() from None
         finally:
-            result.forget()
+            with contextlib.suppress(*BROKER_ERRORS):
+                result.forget()
         return {
             doc_id: (value["url"], datetime.fromisoformat(value["expire_time"]))
             for doc_id, value in raw.items()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from datetime import timedelta
 from typing import Any
@@ -10,11 +11,11 @@ from typing import Any
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_ready, worker_shutdown
-from celery.utils.time import get_exponential_backoff_interval
 
 from services import tasks
 from services.config import get_settings
 from services.documents import ingest as ingestion
+from services.documents.ingest import FailureKind
 from services.documents.purge import purge_document
 from services.documents.reconcile import Grace, reconcile
 from services.observability.worker_metrics import INGEST_DOCUMENTS
@@ -26,26 +27,53 @@ log = logging.getLogger(__name__)
 settings = get_settings()
 
 
-def failure_message(exc: BaseException, attempts: int) -> str:
+def failure(exc: BaseException, attempts: int) -> tuple[str, FailureKind]:
+    """The document's error message for a task that gave up, and whether a retry may help."""
     if isinstance(exc, SoftTimeLimitExceeded):
-        return "ingestion took longer than the time limit; try a smaller file"
-    if isinstance(exc, ingestion.TRANSIENT_ERRORS):
         return (
-            f"a service ingestion depends on stayed unavailable for {attempts} attempts "
-            f"({exc}); the upload is kept, upload it again later"
+            "ingestion took longer than the task's time limit; split the file into smaller ones",
+            FailureKind.PERMANENT,
         )
-    return "ingestion failed with an internal error; the upload is kept (see the worker log)"
+    if ingestion.is_transient(exc):
+        return (
+            f"temporary failure: a service ingestion depends on ({type(exc).__name__}) stayed "
+            f"unavailable for {attempts} attempts; the upload is kept and ingestion is retried "
+            "automatically once the service is back",
+            FailureKind.TRANSIENT,
+        )
+    # A bug, not the file's fault: worth retrying a bounded number of times.
+    return (
+        "temporary failure: ingestion failed with an internal error; the upload is kept and "
+        "ingestion is retried automatically (see the worker log)",
+        FailureKind.TRANSIENT,
+    )
+
+
+def retry_countdown(retries: int) -> float:
+    """factor * 2**retries, capped, with jitter between half and all of it."""
+    base = min(
+        settings.ingest_retry_backoff_seconds * 2**retries,
+        settings.ingest_retry_backoff_max_seconds,
+    )
+    return round(base * random.uniform(0.5, 1.0), 2)
 
 
 class IngestTask(Task):
-    """Marks the document FAILED in SQL when the task gives up for good."""
+    """Marks the document FAILED in SQL, with the kind of failure, when the task gives up."""
 
     def on_failure(
         self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
     ) -> None:
-        message = failure_message(exc, self.request.retries + 1)
-        ingestion.mark_failed(resources().db, args[0], message)
+        message, kind = failure(exc, self.request.retries + 1)
+        ingestion.mark_failed(resources().db, args[0], message, kind)
         INGEST_DOCUMENTS.labels("failed").inc()
+
+
+def holder_of(request: Any) -> ingestion.Holder:
+    delivery = getattr(request, "delivery_info", None) or {}
+    return ingestion.Holder.current(
+        task_id=request.id or "", redelivered=bool(delivery.get("redelivered"))
+    )
 
 
 # Retries are explicit rather than autoretry_for: the lease must be handed to the retry
@@ -65,20 +93,20 @@ def ingest(self: Task, document_id: str) -> str:
         max_bytes=r.settings.max_upload_bytes,
         chunk_chars=r.settings.chunk_chars,
         overlap_chars=r.settings.chunk_overlap_chars,
+        max_chunks=r.settings.max_chunks_per_document,
+        time_budget_seconds=r.settings.ingest_time_budget_seconds,
     )
+    holder = holder_of(self.request)
     try:
-        outcome = ingestion.ingest_document(r.db, r.storage, r.embedder, document_id, options)
+        outcome = ingestion.ingest_document(
+            r.db, r.storage, r.embedder, document_id, options, holder
+        )
         INGEST_DOCUMENTS.labels(outcome.value.lower()).inc()
         return outcome.value
     except ingestion.TRANSIENT_ERRORS as exc:
         if self.request.retries >= self.max_retries:
-            raise  # on_failure marks the document FAILED
-        countdown = get_exponential_backoff_interval(
-            factor=r.settings.ingest_retry_backoff_seconds,
-            retries=self.request.retries,
-            maximum=r.settings.ingest_retry_backoff_max_seconds,
-            full_jitter=True,
-        )
+            raise  # on_failure marks the document FAILED (transient)
+        countdown = retry_countdown(self.request.retries)
         log.warning("ingest of %s will retry in %ss: %s", document_id, countdown, exc)
         ingestion.release(r.db, document_id, retry_in=countdown)
         raise self.retry(exc=exc, countdown=countdown) from exc
@@ -101,11 +129,28 @@ def purge(document_id: str) -> bool:
 _stop_reconciler = threading.Event()
 
 
+def dependencies_up() -> bool:
+    """Whether the object store answers; failed documents wait for it before a retry."""
+    try:
+        resources().storage.ping()
+    except Exception:
+        return False
+    return True
+
+
 def run_reconciler() -> None:
-    grace = Grace(queued=timedelta(seconds=settings.reconcile_queued_grace_seconds))
+    grace = Grace(
+        queued=timedelta(seconds=settings.reconcile_queued_grace_seconds),
+        lease=timedelta(seconds=settings.ingest_lease_seconds),
+        heartbeat_seconds=ingestion.IngestOptions(
+            lease_seconds=settings.ingest_lease_seconds
+        ).heartbeat_seconds,
+        transient_retries=settings.reconcile_transient_retries,
+        transient_backoff=timedelta(seconds=settings.reconcile_transient_backoff_seconds),
+    )
     while True:
         try:
-            reconcile(resources().db, TaskClient(app), grace=grace)
+            reconcile(resources().db, TaskClient(app), grace=grace, ready=dependencies_up)
         except Exception:  # the next pass tries again; a dead reconciler would lose documents
             log.exception("reconcile pass failed")
         if _stop_reconciler.wait(settings.reconcile_interval_seconds):

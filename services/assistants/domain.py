@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 
 from services.db.models import Assistant as AssistantRow
 from services.db.models import utcnow
-from services.errors import InvalidArgument, NotFound
+from services.errors import AlreadyExists, InvalidArgument, NotFound
+from services.fields import has_control
 from services.ids import parse_id
 from services.pagination import decode_position, page_size, position_token
 
@@ -74,7 +75,7 @@ def validate_display_name(name: str) -> str:
         raise InvalidArgument(
             "assistant.display_name", f"display_name must be at most {MAX_NAME_CHARS} characters"
         )
-    if any(ord(c) < 32 for c in stripped):
+    if has_control(stripped):
         raise InvalidArgument(
             "assistant.display_name", "display_name must not contain control characters"
         )
@@ -148,6 +149,18 @@ def find_row(s: Session, tenant_id: str, assistant_id: str, field: str = "id") -
     return row
 
 
+def same_request(existing: AssistantRow, name: str, settings: AssistantSettings) -> AssistantRecord:
+    """AIP-155: the earlier result for the same request, an error for a different one."""
+    record = to_record(existing)
+    if record.display_name != name or record.settings != settings:
+        raise AlreadyExists(
+            "request_id was already used to create a different assistant; use a new request_id",
+            reason="REQUEST_ID_REUSED",
+            metadata={"assistant_id": record.id},
+        )
+    return record
+
+
 def create_assistant(
     s: Session,
     tenant_id: str,
@@ -168,7 +181,7 @@ def create_assistant(
             )
         )
         if existing is not None:
-            return to_record(existing)
+            return same_request(existing, name, settings)
     now = utcnow()
     row = AssistantRow(
         id=uuid.uuid4(),
@@ -191,7 +204,7 @@ def create_assistant(
         )
         if winner is None:
             raise
-        return to_record(winner)
+        return same_request(winner, name, settings)
     return to_record(row)
 
 

@@ -33,7 +33,7 @@ from services.conversations.presenter import CitationPresenter
 from services.conversations.snapshot import citations_from_json, citations_to_json
 from services.conversations.store import Turn
 from services.db.session import Database
-from services.errors import InvalidArgument
+from services.errors import AlreadyExists, InvalidArgument
 from services.evidence.builder import AnswerEvidence, EvidenceBuilder
 from services.evidence.streaming import SentenceTracker
 from services.llm.base import (
@@ -172,7 +172,28 @@ def validate(inp: ChatInput) -> None:
         )
 
 
+def request_id_reused(what: str, previous_id: str) -> AlreadyExists:
+    return AlreadyExists(
+        f"request_id was already used for a different request ({what} differs); use a new "
+        "request_id for a new question",
+        reason="REQUEST_ID_REUSED",
+        metadata={"message_id": previous_id},
+    )
+
+
 class ChatEngine:
+    async def check_same_request(self, inp: ChatInput, stored: store.StoredAnswer) -> None:
+        """AIP-155: a request_id replays its own answer only, never another question's."""
+        assistant_id, question = await self.db.run(
+            lambda s: store.answered_request(s, stored.message_id)
+        )
+        if assistant_id != inp.assistant_id:
+            raise request_id_reused("assistant_id", stored.message_id)
+        if inp.conversation_id and inp.conversation_id != stored.conversation_id:
+            raise request_id_reused("conversation_id", stored.message_id)
+        if question != inp.messages[-1].content:
+            raise request_id_reused("the question", stored.message_id)
+
     def __init__(
         self,
         db: Database,
@@ -196,6 +217,7 @@ class ChatEngine:
         if inp.request_id:
             stored = await self.db.run(lambda s: store.find_answer(s, tenant_id, inp.request_id))
             if stored is not None:
+                await self.check_same_request(inp, stored)
                 yield AnswerDelta(stored.content)
                 yield AnswerComplete(await self.replay(tenant_id, stored, settings))
                 return

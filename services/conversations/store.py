@@ -95,6 +95,25 @@ def find_answer(s: Session, tenant_id: str, request_id: str) -> StoredAnswer | N
     )
 
 
+def answered_request(s: Session, message_id: str) -> tuple[str, str]:
+    """(assistant id, question) of the request a stored answer answered, for request_id checks."""
+    answer = s.get(Message, uuid.UUID(message_id))
+    if answer is None:
+        return "", ""
+    conversation = s.get(Conversation, answer.conversation_id)
+    question = s.scalar(
+        select(Message.content)
+        .where(
+            Message.conversation_id == answer.conversation_id,
+            Message.seq < answer.seq,
+            Message.role == "user",
+        )
+        .order_by(Message.seq.desc())
+        .limit(1)
+    )
+    return (str(conversation.assistant_id) if conversation else ""), question or ""
+
+
 def store_exchange(
     s: Session,
     *,

@@ -103,6 +103,8 @@ class Document(Base):
         Index("ix_documents_state_lease_until", "state", "lease_until"),
         # Retrieval searches one copy of identical uploads to an assistant.
         Index("ix_documents_assistant_id_sha256", "assistant_id", "sha256"),
+        # The reconciler retries documents that FAILED for a transient reason.
+        Index("ix_documents_state_failure_kind", "state", "failure_kind"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
@@ -122,6 +124,11 @@ class Document(Base):
     request_id: Mapped[str | None] = mapped_column(String(128))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # "hostname:pid:task_id" of the attempt that holds the lease.
+    lease_holder: Mapped[str | None] = mapped_column(String(255))
+    # TRANSIENT or PERMANENT once FAILED; only TRANSIENT failures are retried by the reconciler.
+    failure_kind: Mapped[str | None] = mapped_column(String(16))
+    reconcile_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     enqueue_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     create_time: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     update_time: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -14,6 +14,7 @@ from services.assistants.domain import find_row as find_assistant
 from services.db.models import Chunk, utcnow
 from services.db.models import Document as DocumentRow
 from services.errors import InvalidArgument, NotFound
+from services.fields import has_control
 from services.ids import parse_id
 from services.pagination import decode_position, page_size, position_token
 
@@ -72,7 +73,7 @@ def validate_display_name(name: str) -> str:
     stripped = name.strip()
     if not stripped:
         raise InvalidArgument("metadata.display_name", "display_name must not be empty")
-    if len(stripped) > MAX_NAME_CHARS or any(ord(c) < 32 for c in stripped):
+    if len(stripped) > MAX_NAME_CHARS or has_control(stripped):
         raise InvalidArgument(
             "metadata.display_name",
             f"display_name must be at most {MAX_NAME_CHARS} characters, without control characters",

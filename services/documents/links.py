@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from kombu.exceptions import OperationalError as BrokerError
 from sqlalchemy import select
 
 from services.assistants.domain import LinkMode
@@ -21,7 +20,7 @@ from services.db.models import Document as DocumentRow
 from services.db.session import Database
 from services.errors import FootnoteError, Unavailable
 from services.storage import Storage
-from services.tasks import TaskClient
+from services.tasks import BROKER_ERRORS, TaskClient, broker_unavailable
 
 log = logging.getLogger(__name__)
 MAX_TTL = timedelta(days=7)
@@ -69,11 +68,18 @@ class LinkSigner:
         if not document_ids:
             return {}
         try:
-            signed = await asyncio.to_thread(self.tasks.presign, document_ids, ttl, self.timeout)
-        except BrokerError:
+            # The thread may block longer (a broker that does not answer a connect); the call
+            # does not wait for it past the link timeout.
+            async with asyncio.timeout(self.timeout):
+                signed = await asyncio.to_thread(
+                    self.tasks.presign, document_ids, ttl, self.timeout
+                )
+        except TimeoutError:
             raise Unavailable(
-                "the task broker is unavailable", reason="BROKER_UNAVAILABLE"
+                "the links worker pool did not answer in time", reason="LINKS_UNAVAILABLE"
             ) from None
+        except BROKER_ERRORS:
+            raise broker_unavailable() from None
         return {doc_id: Link(url, expire_time) for doc_id, (url, expire_time) in signed.items()}
 
     async def links_for(self, document_ids: Iterable[str], mode: LinkMode) -> dict[str, Link]:

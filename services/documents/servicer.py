@@ -12,7 +12,7 @@ from services.documents.domain import DocumentRecord, DocumentState
 from services.documents.service import DocumentService
 from services.documents.uploads import UploadMetadata
 from services.errors import InvalidArgument
-from services.rpc import principal, to_timestamp
+from services.rpc import principal, to_timedelta, to_timestamp
 
 STATE_TO_PROTO = {
     DocumentState.PENDING: pb.DOCUMENT_STATE_PENDING,
@@ -112,6 +112,6 @@ class DocumentsServicer(pb_grpc.DocumentsServiceServicer):
     async def GetDownloadUrl(
         self, request: pb.GetDownloadUrlRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetDownloadUrlResponse:
-        ttl = request.ttl.ToTimedelta() if request.HasField("ttl") else None
+        ttl = to_timedelta(request.ttl, "ttl") if request.HasField("ttl") else None
         link = await self.documents.download_url(principal().tenant_id, request.document_id, ttl)
         return pb.GetDownloadUrlResponse(url=link.url, expire_time=to_timestamp(link.expire_time))

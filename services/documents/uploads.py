@@ -17,6 +17,8 @@ from services.db.session import Database
 from services.documents import domain
 from services.documents.domain import DocumentRecord
 from services.errors import AlreadyExists, InvalidArgument, ResourceExhausted
+from services.fields import check_content_type, has_control
+from services.ids import parse_id
 from services.storage import Storage, object_key
 
 log = logging.getLogger(__name__)
@@ -66,27 +68,37 @@ def validate_metadata(meta: UploadMetadata) -> UploadMetadata:
         raise InvalidArgument("metadata.assistant_id", "assistant_id is required")
     if len(meta.request_id) > 128:
         raise InvalidArgument("metadata.request_id", "request_id must be at most 128 characters")
-    for field in ("assistant_id", "content_type", "request_id"):
-        if any(ord(c) < 32 for c in getattr(meta, field)):
+    for field in ("assistant_id", "request_id"):
+        if has_control(getattr(meta, field)):
             raise InvalidArgument(
                 f"metadata.{field}", f"{field} must not contain control characters"
             )
-    if len(meta.content_type) > 255:
-        raise InvalidArgument(
-            "metadata.content_type", "content_type must be at most 255 characters"
-        )
+    parse_id(meta.assistant_id, "metadata.assistant_id")
     return UploadMetadata(
         assistant_id=meta.assistant_id,
         display_name=domain.validate_display_name(meta.display_name),
-        content_type=meta.content_type.strip(),
+        content_type=check_content_type(meta.content_type, "metadata.content_type"),
         request_id=meta.request_id,
     )
 
 
-def deduplicated(previous: DocumentRecord, upload: SpooledUpload) -> DocumentRecord:
-    if previous.sha256 != upload.sha256:
+def deduplicated(
+    previous: DocumentRecord, meta: UploadMetadata, upload: SpooledUpload
+) -> DocumentRecord:
+    """AIP-155: the first document for the same upload, an error for a different one."""
+    differs = [
+        what
+        for what, same in (
+            ("assistant_id", previous.assistant_id == meta.assistant_id),
+            ("display_name", previous.display_name == meta.display_name),
+            ("bytes", previous.sha256 == upload.sha256),
+        )
+        if not same
+    ]
+    if differs:
         raise AlreadyExists(
-            "request_id was already used for an upload with different bytes",
+            f"request_id was already used for a different upload ({', '.join(differs)} "
+            "differ); use a new request_id",
             reason="REQUEST_ID_REUSED",
             metadata={"document_id": previous.id},
         )
@@ -109,7 +121,7 @@ async def store_upload(
     if meta.request_id:
         previous = await db.run(lambda s: domain.find_by_request_id(s, tenant_id, meta.request_id))
         if previous is not None:
-            return deduplicated(previous, upload)
+            return deduplicated(previous, meta, upload)
     if upload.size == 0:
         raise InvalidArgument("chunk", "the document is empty", reason="DOCUMENT_EMPTY")
     document_id = uuid.uuid4()
@@ -138,7 +150,7 @@ async def store_upload(
                 lambda s: domain.find_by_request_id(s, tenant_id, meta.request_id)
             )
             if winner is not None:
-                return deduplicated(winner, upload)
+                return deduplicated(winner, meta, upload)
         raise
     try:
         await asyncio.to_thread(send_ingest, record.id)
