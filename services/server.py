@@ -163,8 +163,14 @@ def create_server(settings: Settings, deps: Deps) -> tuple[grpc.aio.Server, int]
     return server, port
 
 
+# A health service name that says only "this process serves": liveness probes ask it, so an
+# outage of Postgres, the broker or S3 (which turns "" NOT_SERVING) takes a frontend out of
+# rotation without getting it restarted.
+LIVENESS_SERVICE = "footnote.liveness"
+
+
 async def mark_serving(health: HealthServicer) -> None:
-    for name in ("", *SERVICE_NAMES):
+    for name in ("", LIVENESS_SERVICE, *SERVICE_NAMES):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
 

@@ -33,6 +33,7 @@ from footnote.v1 import chat_service_pb2_grpc as cpb_grpc
 from footnote.v1 import documents_service_pb2 as dpb
 from footnote.v1 import documents_service_pb2_grpc as dpb_grpc
 from services.health import DependencyHealth
+from services.server import LIVENESS_SERVICE, mark_serving
 from tests.faults.conftest import serve_on_thread
 from tests.support import bearer, error_info
 
@@ -111,6 +112,21 @@ async def test_health_is_not_serving_without_postgres_or_s3(settings):
             assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
         finally:
             await checker.stop()
+
+
+async def test_liveness_stays_serving_while_a_dependency_is_down(settings):
+    health = HealthServicer()
+    await mark_serving(health)
+    dead = {"database_url": f"postgresql://postgres@127.0.0.1:{dead_port()}/x"}
+    checker = DependencyHealth.from_settings(settings.model_copy(update=dead), health, [SERVICE])
+    try:
+        assert await checker.check_once() == {"postgres"}
+        overall = await health.Check(health_pb2.HealthCheckRequest(service=""), None)
+        alive = await health.Check(health_pb2.HealthCheckRequest(service=LIVENESS_SERVICE), None)
+        assert overall.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert alive.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await checker.stop()
 
 
 @pytest.fixture(scope="module")
