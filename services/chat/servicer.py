@@ -18,6 +18,7 @@ from services.chat.pipeline import (
     ChatOptions,
     ChatResult,
 )
+from services.chat.relay import coalesced
 from services.citations import CitationStyle
 from services.conversations.convert import citations_to_proto
 from services.conversations.store import Turn
@@ -108,7 +109,7 @@ class ChatServicer(pb_grpc.ChatServiceServicer):
     async def StreamComplete(
         self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StreamCompleteResponse]:
-        events = self.engine.answer(principal().tenant_id, to_input(request))
+        events = coalesced(self.engine.answer(principal().tenant_id, to_input(request)))
         try:
             async for event in events:
                 if isinstance(event, AnswerDelta):
