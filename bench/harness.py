@@ -165,6 +165,9 @@ async def run_upstream(port: int, deltas: int, first_delay_ms: float) -> None:
             await asyncio.sleep(first_delay_ms / 1000)
         for _ in range(deltas):
             await response.write(piece)  # one write per token, as a model server does
+            # A model server produces the tokens of all its answers side by side; without this
+            # an answer whose socket never fills would be streamed whole before the next began.
+            await asyncio.sleep(0)
         await response.write(finish)
         await response.write(b"data: [DONE]\n\n")
         return response
