@@ -62,9 +62,18 @@ run: setup $(if $(LLM),$(LLM_STAMP),)
 dev: setup $(if $(LLM),$(LLM_STAMP),)
 	$(BIN)/footnote dev $(if $(LLM),--llm $(LLM),)
 
+# make bench: a quick scale (10k chunks); make bench BENCH_SCALE=100000 (or 1000000) for the
+# figures in docs/performance.md. Corpora are built once and kept under /tmp/fnbench.
+BENCH_SCALE ?= 10000
+
 bench: setup
 	$(PY) bench/citations.py
 	$(PY) bench/retrieval.py
+	$(PY) bench/search.py --scale $(BENCH_SCALE)
+	$(PY) bench/ttft.py --scale $(BENCH_SCALE)
+	$(PY) bench/relay.py --streams 1 100
+	$(PY) bench/relay.py --streams 1000 --deltas 200 --rounds 1
+	$(PY) bench/complete.py
 
 clean:
 	rm -rf $(VENV) footnote/v1/*_pb2*.py footnote/v1/*.pyi $(GENERATED) .pytest_cache

@@ -27,6 +27,10 @@ class Settings(BaseSettings):
     llm_model: str = "default"
     llm_api_key: str | None = None
     llm_timeout_seconds: float = 60.0
+    # Answers streaming at once from the LLM, one connection each; unset = as many as the
+    # open-file limit allows. One more waits llm_pool_timeout_seconds, then RESOURCE_EXHAUSTED.
+    llm_max_connections: int | None = Field(default=None, ge=1)
+    llm_pool_timeout_seconds: float = Field(default=10.0, gt=0)
 
     embeddings_base_url: str | None = None
     embeddings_model: str | None = None

@@ -13,6 +13,8 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from sqlalchemy.orm import Session
+
 from services.assistants.domain import AssistantSettings
 from services.assistants.domain import get_assistant as load_assistant
 from services.chat.gate import needs_retrieval
@@ -46,8 +48,9 @@ from services.llm.base import (
 )
 from services.observability.metrics import RETRIEVAL_DURATION
 from services.observability.tracing import traced, traced_stream
+from services.retrieval.batching import QueryBatcher
 from services.retrieval.embeddings import Embedder, LocalEmbedder
-from services.retrieval.search import hybrid_search
+from services.retrieval.search import search
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful assistant. Answer the user's question from the sources below. "
@@ -204,28 +207,31 @@ class ChatEngine:
     ) -> None:
         self.db = db
         self.embedder = embedder
+        self.questions = QueryBatcher(embedder)
         self.generator = generator
         self.presenter = presenter
         # Evidence scores with the local model whatever retrieval embeds with: its thresholds
-        # are calibrated on that model.
+        # are calibrated on that model (loaded once per process, whoever asks).
         self.evidence = evidence or EvidenceBuilder(LocalEmbedder())
 
     async def answer(self, tenant_id: str, inp: ChatInput) -> AsyncIterator[AnswerEvent]:
         validate(inp)
-        assistant = await self.db.run(lambda s: load_assistant(s, tenant_id, inp.assistant_id))
-        settings = assistant.settings
-        if inp.request_id:
-            stored = await self.db.run(lambda s: store.find_answer(s, tenant_id, inp.request_id))
-            if stored is not None:
-                await self.check_same_request(inp, stored)
-                yield AnswerDelta(stored.content)
-                yield AnswerComplete(await self.replay(tenant_id, stored, settings))
-                return
-        earlier: list[Turn] = []
-        if inp.conversation_id:
-            earlier = await self.db.run(
-                lambda s: store.earlier_turns(s, tenant_id, inp.conversation_id, inp.assistant_id)
-            )
+
+        def load(s: Session) -> tuple[AssistantSettings, store.StoredAnswer | None, list[Turn]]:
+            # One short transaction reads everything the answer starts from.
+            settings = load_assistant(s, tenant_id, inp.assistant_id).settings
+            stored = store.find_answer(s, tenant_id, inp.request_id) if inp.request_id else None
+            earlier: list[Turn] = []
+            if inp.conversation_id and stored is None:
+                earlier = store.earlier_turns(s, tenant_id, inp.conversation_id, inp.assistant_id)
+            return settings, stored, earlier
+
+        settings, stored, earlier = await self.db.run(load)
+        if stored is not None:
+            await self.check_same_request(inp, stored)
+            yield AnswerDelta(stored.content)
+            yield AnswerComplete(await self.replay(tenant_id, stored, settings))
+            return
         question = inp.messages[-1].content
         chunks, stats = await traced(
             "chat.retrieve", self.retrieve(tenant_id, inp.assistant_id, question, settings)
@@ -361,17 +367,15 @@ class ChatEngine:
         if settings.enable_retrieval_gate and not needs_retrieval(question):
             return [], RetrievalStats(mode=Retrieval.GATED)
         began = time.perf_counter()
-        vector = await asyncio.to_thread(self.embedder.embed_query, question)
-        hits = await self.db.run(
-            lambda s: hybrid_search(
-                s,
-                tenant_id=tenant_id,
-                assistant_id=assistant_id,
-                query=question,
-                query_vector=vector,
-                top_k=settings.top_k,
-                score_threshold=settings.score_threshold,
-            )
+        # The full-text query runs while the question is being embedded.
+        hits = await search(
+            self.db,
+            tenant_id=tenant_id,
+            assistant_id=assistant_id,
+            query=question,
+            query_vector=self.questions.embed_query(question),
+            top_k=settings.top_k,
+            score_threshold=settings.score_threshold,
         )
         stats = RetrievalStats(
             duration_seconds=time.perf_counter() - began, chunks_returned=len(hits)

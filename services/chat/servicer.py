@@ -19,6 +19,7 @@ from services.chat.pipeline import (
     ChatOptions,
     ChatResult,
 )
+from services.chat.relay import coalesced
 from services.citations import CitationStyle
 from services.conversations.convert import citations_to_proto, span_to_proto
 from services.conversations.store import Turn
@@ -111,7 +112,7 @@ class ChatServicer(pb_grpc.ChatServiceServicer):
     async def StreamComplete(
         self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StreamCompleteResponse]:
-        events = self.engine.answer(principal().tenant_id, to_input(request))
+        events = coalesced(self.engine.answer(principal().tenant_id, to_input(request)))
         stats = StreamStats()
         try:
             async for event in events:

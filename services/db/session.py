@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 T = TypeVar("T")
@@ -25,8 +26,11 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
         normalize_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
-        pool_recycle=1800,
+        # No ping before every transaction (a round trip each): a connection the server closed
+        # fails its first statement instead, and Database retries that transaction once.
+        # Recycling keeps connections younger than a proxy's or server's idle timeout.
+        pool_pre_ping=False,
+        pool_recycle=600,
         # A statement that hangs must not hold an RPC or a task forever.
         connect_args={"connect_timeout": 10, "options": "-c statement_timeout=60000"},
     )
@@ -44,6 +48,19 @@ class Database:
         self.sessions = make_sessionmaker(engine)
 
     def transact(self, fn: Callable[[Session], T]) -> T:
+        ran = False
+        try:
+            with self.sessions.begin() as s:
+                result = fn(s)
+                ran = True
+            return result
+        except DBAPIError as err:
+            # A pooled connection that turned out dead (the server restarted or dropped it)
+            # fails on its first use; SQLAlchemy then discards it and every older pooled one,
+            # and the transaction runs again once on a fresh connection. A failed COMMIT is
+            # not retried: it may have taken effect.
+            if ran or not err.connection_invalidated:
+                raise
         with self.sessions.begin() as s:
             return fn(s)
 

@@ -18,4 +18,6 @@ def create_generator(settings: Settings) -> Generator:
         model=settings.llm_model,
         api_key=settings.llm_api_key,
         timeout_seconds=settings.llm_timeout_seconds,
+        max_connections=settings.llm_max_connections,
+        pool_timeout=settings.llm_pool_timeout_seconds,
     )

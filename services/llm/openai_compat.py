@@ -7,13 +7,14 @@ import contextlib
 import json
 import logging
 import re
+import resource
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
 
-from services.errors import Unavailable
+from services.errors import ResourceExhausted, Unavailable
 from services.llm.base import (
     Finished,
     FinishReason,
@@ -35,6 +36,8 @@ LLM_AUTH_FAILED = "LLM_AUTH_FAILED"
 LLM_RATE_LIMITED = "LLM_RATE_LIMITED"
 LLM_REJECTED = "LLM_REJECTED"
 LLM_UPSTREAM_ERROR = "LLM_UPSTREAM_ERROR"
+# Not the model's fault: every pooled connection is busy with other answers (RESOURCE_EXHAUSTED).
+LLM_POOL_EXHAUSTED = "LLM_POOL_EXHAUSTED"
 
 _MESSAGES = {
     LLM_UNAVAILABLE: "the language model is unavailable; try again later",
@@ -66,6 +69,18 @@ _DRAIN_SECONDS = 1.0
 # Each idle connection in the pool may turn out closed; a fresh one is never retried.
 _MAX_SEND_ATTEMPTS = 3
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+# File descriptors kept for everything but upstream connections (database, clients, logs).
+_RESERVED_FILES = 256
+_MAX_DEFAULT_CONNECTIONS = 4096
+
+
+def default_max_connections() -> int:
+    """As many upstream connections as the open-file limit leaves room for, next to clients."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return _MAX_DEFAULT_CONNECTIONS
+    # Each relayed answer holds one upstream socket; half the files stay for everything else.
+    return max(16, min(_MAX_DEFAULT_CONNECTIONS, (soft - _RESERVED_FILES) // 2))
 
 
 class OpenAIGenerator:
@@ -74,6 +89,10 @@ class OpenAIGenerator:
     Timeouts: `connect_timeout` for the TCP/TLS connection; `read_timeout` for each gap between
     chunks once the first token has arrived (before it only the deadline applies, as a long
     prompt can take a while to process); `timeout_seconds` for the whole answer.
+
+    At most `max_connections` answers stream at once (default: what the open-file limit
+    allows); a further one waits up to `pool_timeout` for a connection, then fails with
+    RESOURCE_EXHAUSTED (LLM_POOL_EXHAUSTED), which says the server is busy, not the model.
     """
 
     name = "openai"
@@ -87,9 +106,15 @@ class OpenAIGenerator:
         connect_timeout: float = 5.0,
         *,
         read_timeout: float = 30.0,
+        max_connections: int | None = None,
+        pool_timeout: float = 10.0,
     ) -> None:
-        if timeout_seconds <= 0 or connect_timeout <= 0 or read_timeout <= 0:
+        if min(timeout_seconds, connect_timeout, read_timeout, pool_timeout) <= 0:
             raise ValueError("timeouts must be positive")
+        if max_connections is not None and max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        self.max_connections = max_connections or default_max_connections()
+        self.pool_timeout = pool_timeout
         self.url = chat_completions_url(base_url)
         self.model = model
         self.timeout_seconds = timeout_seconds
@@ -133,13 +158,14 @@ class OpenAIGenerator:
                         contextlib.aclosing(response.aiter_bytes())
                     )
                     decoder = _EventStreamDecoder()
+                    # The events of one network read go out as one piece: under load a read
+                    # holds many, and one message each would cost the relay more than the
+                    # text is worth. Nothing waits for a later read, so no text is held back.
                     while (chunk := await self._next_chunk(chunks, answer, deadline)) is not None:
-                        for kind, data in decoder.feed(chunk):
-                            if text := answer.accept_event(kind, data):
-                                yield TextPiece(text)
-                    for kind, data in decoder.close():
-                        if text := answer.accept_event(kind, data):
+                        if text := _joined_text(answer, decoder.feed(chunk)):
                             yield TextPiece(text)
+                    if text := _joined_text(answer, decoder.close()):
+                        yield TextPiece(text)
             yield answer.finished(request)
         except (Unavailable, httpx.HTTPError, TimeoutError) as err:
             failure = err if isinstance(err, Unavailable) else self._translate(err, answer)
@@ -170,7 +196,11 @@ class OpenAIGenerator:
                 timeout=httpx.Timeout(
                     self.timeout_seconds,
                     connect=self.connect_timeout,
-                    pool=self.connect_timeout,
+                    pool=self.pool_timeout,
+                ),
+                limits=httpx.Limits(
+                    max_connections=self.max_connections,
+                    max_keepalive_connections=self.max_connections,
                 ),
                 follow_redirects=False,
             )
@@ -199,6 +229,13 @@ class OpenAIGenerator:
             try:
                 async with asyncio.timeout_at(deadline):
                     response = await client.send(request, stream=True)
+            except httpx.PoolTimeout as err:
+                log.warning("LLM %s: all %d connections busy", self.url, self.max_connections)
+                raise ResourceExhausted(
+                    "the server is answering as many questions as it can; try again shortly",
+                    reason=LLM_POOL_EXHAUSTED,
+                    metadata={"max_connections": str(self.max_connections)},
+                ) from err
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as err:
                 # A kept-alive connection that the server closed just as we reused it (llama-server
                 # closes each one after a stream): nothing was answered, so ask again on a new one.
@@ -267,6 +304,12 @@ class OpenAIGenerator:
         else:  # 1xx or a redirect we do not follow
             reason = LLM_BAD_RESPONSE
         raise answer.error(reason, **metadata)
+
+
+def _joined_text(answer: _Answer, events: list[tuple[str, str]]) -> str:
+    if len(events) == 1:
+        return answer.accept_event(*events[0])
+    return "".join([answer.accept_event(kind, data) for kind, data in events])
 
 
 def chat_completions_url(base_url: str) -> str:
@@ -453,6 +496,15 @@ class _EventStreamDecoder:
     def feed(self, chunk: bytes) -> list[tuple[str, str]]:
         self._buffer += chunk
         events: list[tuple[str, str]] = []
+        if b"\r" not in self._buffer:
+            # The common case, LF line ends only: one split instead of a search per line.
+            *lines, rest = self._buffer.split(b"\n")
+            for line in lines:
+                self._line(bytes(line), events)
+            self._buffer = rest
+            if len(rest) > _MAX_EVENT_BYTES:
+                raise _error(LLM_BAD_RESPONSE, "", problem="line too long")
+            return events
         start = 0
         while match := _LINE_END.search(self._buffer, start):
             if match.group() == b"\r" and match.end() == len(self._buffer):

@@ -1,22 +1,51 @@
 """Hybrid search: pgvector cosine and Postgres full-text, fused by reciprocal rank.
 
-Ties are broken by stable keys (document name, document sha256, chunk index), never by the
-random row ids, so the same question over the same documents ranks the same way every time.
-The tunables (weights, candidate depth, the per-document cap) live in fusion.py.
+The vector query and the text query are independent: `search` runs them at once on two
+pooled connections, `hybrid_search` one after the other in a caller's session. Both return
+the same chunks. Each query returns its candidates with their provenance, so fusion needs no
+third round trip. Ties are broken by stable keys (document name, document sha256, chunk
+index), never by the random row ids, so the same question over the same documents ranks the
+same way every time. The quality tunables (weights, candidate depth, the per-document cap)
+live in fusion.py; the speed tunables are here.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from sqlalchemy import Row, text
 from sqlalchemy.orm import Session
 
 from services.citations import RetrievedChunk, ScoreKind, SourceLocation, join_heading
+from services.db.session import Database
 from services.retrieval import fusion
 from services.retrieval.fusion import diversify, fuse, normalize_score
+
+# HNSW keeps this many candidates while it walks the graph. At the default of 40, recall@10
+# against exact search was 0.04 at 100k random unit vectors; see docs/performance.md.
+EF_SEARCH = 200
+# An assistant with at most this many chunks is searched exactly (no HNSW): cheap at that
+# size, and a filtered HNSW scan over a small share of a large table finds little.
+EXACT_MAX_CHUNKS = 20_000
+# How long an assistant's chunk count is trusted for choosing between the two.
+CHUNK_COUNT_SECONDS = 60.0
+# Full text ranks at most this many matching rows: the question's rarest terms are kept while
+# the rows they are expected to match stay within the budget, and the cap bounds a wrong guess.
+TEXT_BUDGET_ROWS = 1000
+TEXT_CAP_ROWS = 2000
+# Term frequencies come from ANALYZE's statistics of chunks.tsv, re-read this often.
+TERM_STATS_SECONDS = 300.0
+
+CANDIDATE_COLUMNS = """
+    c.id, c.document_id, d.display_name, d.content_type, c.chunk_index, c.text,
+    c.start_offset, c.end_offset, c.start_byte, c.end_byte, c.start_line, c.end_line,
+    c.page_start, c.page_end, c.paragraph_start, c.paragraph_end, c.heading_path,
+    d.sha256, d.indexed_time
+"""
 
 # A document is searched unless an older READY document of the same assistant holds the same
 # bytes: uploading a file twice must not fill the sources with the same passages twice.
@@ -31,9 +60,19 @@ SEARCHABLE = """
       )
 """
 
+# One round trip sets both for this transaction only. relaxed_order: filtering after an HNSW
+# scan can leave too few rows, so the scan keeps going; rows may come slightly out of order.
+HNSW_SETTINGS_SQL = text(
+    "SELECT set_config('hnsw.ef_search', :ef_search, true),"
+    " set_config('hnsw.iterative_scan', 'relaxed_order', true)"
+)
+# Without index scans the planner can still find the assistant's rows through a bitmap scan,
+# but never through HNSW: the nearest rows are then computed exactly.
+EXACT_SETTINGS_SQL = text("SELECT set_config('enable_indexscan', 'off', true)")
+
 VECTOR_SQL = text(
     f"""
-    SELECT c.id, 1 - (c.embedding <=> CAST(:query AS vector)) AS similarity
+    SELECT {CANDIDATE_COLUMNS}, 1 - (c.embedding <=> CAST(:query AS vector)) AS similarity
     FROM chunks c JOIN documents d ON d.id = c.document_id
     WHERE {SEARCHABLE}
     ORDER BY c.embedding <=> CAST(:query AS vector)
@@ -41,48 +80,203 @@ VECTOR_SQL = text(
     """
 )
 
-# Questions are natural language: OR-ing their terms finds chunks that share some of them,
-# where plainto_tsquery's AND would demand every word. plainto_tsquery still does the parsing,
-# so no user text reaches to_tsquery's syntax. The title and headings are weighted 'A', the
-# text 'D' (fusion.TEXT_RANK_WEIGHTS).
+CHUNK_COUNT_SQL = text(
+    """
+    SELECT coalesce(sum(d.chunk_count), 0) FROM documents d
+    WHERE d.tenant_id = :tenant AND d.assistant_id = :assistant
+      AND d.state = 'READY' AND d.delete_time IS NULL
+    """
+)
+
+# The question's terms as the index stores them.
+TERMS_SQL = text("SELECT tsvector_to_array(to_tsvector('english', :query))")
+
+# The chosen terms, OR-ed: a chunk sharing any of them is a candidate. Only the candidates
+# (at most :cap of them) are ranked; provenance is read for the best :limit only. The title
+# and headings are weighted 'A', the text 'D' (fusion.TEXT_RANK_WEIGHTS).
 TEXT_SQL = text(
     f"""
-    WITH q AS (
-      SELECT to_tsquery('english', replace(plainto_tsquery('english', :query)::text, '&', '|'))
-        AS query
+    WITH matches AS MATERIALIZED (
+      SELECT c.id, c.tsv, d.display_name, d.sha256, c.chunk_index
+      FROM chunks c JOIN documents d ON d.id = c.document_id
+      WHERE {SEARCHABLE}
+        AND c.tsv @@ CAST(:terms AS tsquery)
+      LIMIT :cap
+    ), best AS (
+      SELECT id, display_name, sha256, chunk_index,
+             ts_rank_cd(CAST(:weights AS float4[]), tsv, CAST(:terms AS tsquery)) AS rank
+      FROM matches ORDER BY rank DESC, display_name, sha256, chunk_index LIMIT :limit
     )
-    SELECT c.id, ts_rank_cd(CAST(:weights AS float4[]), c.tsv, q.query) AS rank
-    FROM chunks c JOIN documents d ON d.id = c.document_id, q
-    WHERE {SEARCHABLE}
-      AND q.query <> ''::tsquery AND c.tsv @@ q.query
-    ORDER BY rank DESC, d.display_name, d.sha256, c.chunk_index
-    LIMIT :limit
+    SELECT {CANDIDATE_COLUMNS}, best.rank
+    FROM best JOIN chunks c ON c.id = best.id JOIN documents d ON d.id = c.document_id
+    ORDER BY best.rank DESC, best.display_name, best.sha256, best.chunk_index
     """
 )
+TEXT_RANK_WEIGHTS = "{" + ",".join(str(w) for w in fusion.TEXT_RANK_WEIGHTS) + "}"
 
-# What ranking needs of every candidate: its document and the stable tie-break keys.
-KEYS_SQL = text(
+TERM_STATS_SQL = text(
     """
-    SELECT c.id, c.document_id, d.display_name, d.sha256, c.chunk_index
-    FROM chunks c JOIN documents d ON d.id = c.document_id
-    WHERE c.id = ANY(:ids)
-    """
-)
-
-DETAILS_SQL = text(
-    """
-    SELECT c.id, c.document_id, d.display_name, d.content_type, c.chunk_index, c.text,
-           c.start_offset, c.end_offset, c.start_byte, c.end_byte, c.start_line, c.end_line,
-           c.page_start, c.page_end, c.paragraph_start, c.paragraph_end, c.heading_path,
-           d.sha256, d.indexed_time
-    FROM chunks c JOIN documents d ON d.id = c.document_id
-    WHERE c.id = ANY(:ids)
+    SELECT most_common_elems::text::text[] AS terms, most_common_elem_freqs AS freqs
+    FROM pg_stats
+    WHERE schemaname = current_schema() AND tablename = 'chunks' AND attname = 'tsv'
     """
 )
 
 
 def vector_literal(vector: Sequence[float]) -> str:
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+def candidate_limit(top_k: int) -> int:
+    return max(fusion.MIN_CANDIDATES, fusion.CANDIDATES_PER_RESULT * top_k)
+
+
+def vector_candidates(
+    s: Session, tenant_id: str, assistant_id: str, query_vector: Sequence[float], limit: int
+) -> list[Row[Any]]:
+    """The nearest chunks by cosine, most similar first."""
+    if assistant_chunks(s, tenant_id, assistant_id) <= EXACT_MAX_CHUNKS:
+        s.execute(EXACT_SETTINGS_SQL)
+    else:
+        s.execute(HNSW_SETTINGS_SQL, {"ef_search": str(EF_SEARCH)})
+    rows = s.execute(
+        VECTOR_SQL,
+        {
+            "tenant": tenant_id,
+            "assistant": uuid.UUID(assistant_id),
+            "query": vector_literal(query_vector),
+            "limit": limit,
+        },
+    ).all()
+    # relaxed_order may return rows slightly out of order; the ranking must be exact.
+    return sorted(rows, key=lambda r: (-r.similarity, *stable_key(r)))
+
+
+def text_candidates(
+    s: Session, tenant_id: str, assistant_id: str, query: str, limit: int
+) -> list[Row[Any]]:
+    """The chunks that share the question's rarest terms, best ts_rank_cd first."""
+    if not query.strip():
+        return []
+    params = {"tenant": tenant_id, "assistant": uuid.UUID(assistant_id)}
+    lexemes = s.execute(TERMS_SQL, {"query": query}).scalar_one()
+    if not lexemes:
+        return []
+    frequency, floor = term_frequencies(s)
+    chunks = assistant_chunks(s, tenant_id, assistant_id)
+    terms = rarest_terms(lexemes, frequency, floor, chunks)
+    return s.execute(
+        TEXT_SQL,
+        {
+            **params,
+            "terms": " | ".join(map(tsquery_term, terms)),
+            "weights": TEXT_RANK_WEIGHTS,
+            "cap": TEXT_CAP_ROWS,
+            "limit": limit,
+        },
+    ).all()
+
+
+def rarest_terms(
+    terms: Sequence[str],
+    frequency: dict[str, float],
+    floor: float,
+    chunks: int,
+    budget: int = TEXT_BUDGET_ROWS,
+) -> list[str]:
+    """The terms, rarest first, while the chunks they are expected to match fit the budget.
+
+    A term in most chunks says little about any one of them, and ranking every chunk it
+    matches is what made full text slow; the rarest term is always kept.
+    """
+    kept: list[str] = []
+    expected = 0.0
+    for term in sorted(set(terms), key=lambda t: (frequency.get(t, floor), t)):
+        expected += frequency.get(term, floor) * chunks
+        if kept and expected > budget:
+            break
+        kept.append(term)
+    return kept
+
+
+def tsquery_term(term: str) -> str:
+    """A lexeme quoted for tsquery input, which takes it as is, without normalising again."""
+    return "'" + term.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+_chunk_counts: dict[tuple[str, str, str], tuple[float, int]] = {}
+
+
+def assistant_chunks(s: Session, tenant_id: str, assistant_id: str) -> int:
+    """How many chunks the assistant's READY documents hold, cached for a minute.
+
+    Only chooses how to search (exact or HNSW, which terms to rank): a stale count changes the
+    cost of a search, not which documents it may return.
+    """
+    key = (str(s.get_bind().url), tenant_id, assistant_id)
+    now = time.monotonic()
+    cached = _chunk_counts.get(key)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    count = s.execute(
+        CHUNK_COUNT_SQL, {"tenant": tenant_id, "assistant": uuid.UUID(assistant_id)}
+    ).scalar_one()
+    if len(_chunk_counts) > 10_000:
+        _chunk_counts.clear()
+    _chunk_counts[key] = (now + CHUNK_COUNT_SECONDS, int(count))
+    return int(count)
+
+
+_term_stats: dict[str, tuple[float, dict[str, float], float]] = {}
+
+
+def term_frequencies(s: Session) -> tuple[dict[str, float], float]:
+    """The share of chunks holding each common term, and a bound for every other term.
+
+    Read from pg_stats (the most common lexemes ANALYZE found), cached per database.
+    """
+    key = str(s.get_bind().url)
+    now = time.monotonic()
+    cached = _term_stats.get(key)
+    if cached is not None and cached[0] > now:
+        return cached[1], cached[2]
+    row = s.execute(TERM_STATS_SQL).first()
+    frequency: dict[str, float] = {}
+    floor = 0.0
+    if row is not None and row.terms:
+        # The list of frequencies ends with three more numbers: minimum, maximum, null share.
+        frequency = dict(zip(row.terms, row.freqs, strict=False))
+        # A term left out of the list is rarer than every term on it.
+        floor = min(frequency.values()) / 2
+    _term_stats[key] = (now + TERM_STATS_SECONDS, frequency, floor)
+    return frequency, floor
+
+
+def stable_key(row: Row[Any]) -> tuple[str, str, int]:
+    return (row.display_name, row.sha256, row.chunk_index)
+
+
+def rank(
+    vector_rows: Sequence[Row[Any]],
+    text_rows: Sequence[Row[Any]],
+    top_k: int,
+    score_threshold: float,
+) -> list[RetrievedChunk]:
+    """Fuses the two candidate lists into the best top_k chunks, best first, at most
+    fusion.MAX_PER_DOCUMENT of one document while another matches well."""
+    similarity = {r.id: float(r.similarity) for r in vector_rows}
+    rows = {r.id: r for r in (*text_rows, *vector_rows)}
+    fused = fuse(
+        [[r.id for r in vector_rows], [r.id for r in text_rows]],
+        weights=(fusion.VECTOR_WEIGHT, fusion.TEXT_WEIGHT),
+    )
+    ranked = sorted(fused, key=lambda i: (-fused[i], -similarity.get(i, -1.0), stable_key(rows[i])))
+    scores = {i: normalize_score(fused[i], ScoreKind.FUSED) for i in ranked}
+    passing = [i for i in ranked if scores[i] >= score_threshold]
+    kept = diversify(
+        passing, lambda i: rows[i].document_id, lambda i: similarity.get(i, 0.0), top_k
+    )
+    return [to_retrieved(rows[i], scores[i]) for i in kept]
 
 
 def hybrid_search(
@@ -96,48 +290,41 @@ def hybrid_search(
     score_threshold: float = 0.0,
 ) -> list[RetrievedChunk]:
     """The best chunks of one assistant's READY documents, best first, with provenance."""
-    limit = max(fusion.MIN_CANDIDATES, fusion.CANDIDATES_PER_RESULT * top_k)
-    params = {"tenant": tenant_id, "assistant": uuid.UUID(assistant_id), "limit": limit}
-    # Filtering after an HNSW scan can leave too few rows; iterative scans keep looking.
-    s.execute(text("SET LOCAL hnsw.iterative_scan = 'relaxed_order'"))
-    vector_rows = s.execute(VECTOR_SQL, {**params, "query": vector_literal(query_vector)}).all()
-    text_rows = []
-    if query.strip():
-        weights = "{" + ",".join(str(w) for w in fusion.TEXT_RANK_WEIGHTS) + "}"
-        text_rows = s.execute(TEXT_SQL, {**params, "query": query, "weights": weights}).all()
-    similarity = {r.id: float(r.similarity) for r in vector_rows}
-    candidates = {r.id for r in vector_rows} | {r.id for r in text_rows}
-    if not candidates:
-        return []
-    keys = {r.id: r for r in s.execute(KEYS_SQL, {"ids": list(candidates)}).all()}
-    # A chunk purged between the statements is no candidate.
-    similarity = {i: value for i, value in similarity.items() if i in keys}
-    by_text = [r.id for r in text_rows if r.id in keys]
+    limit = candidate_limit(top_k)
+    vector_rows = vector_candidates(s, tenant_id, assistant_id, query_vector, limit)
+    text_rows = text_candidates(s, tenant_id, assistant_id, query, limit)
+    return rank(vector_rows, text_rows, top_k, score_threshold)
 
-    def stable(chunk_id: uuid.UUID) -> tuple[str, str, int]:
-        row = keys[chunk_id]
-        return (row.display_name, row.sha256, row.chunk_index)
 
-    # relaxed_order may return rows slightly out of order; the ranking must be exact.
-    by_vector = sorted(similarity, key=lambda i: (-similarity[i], stable(i)))
-    fused = fuse(
-        [by_vector, by_text],
-        weights=(fusion.VECTOR_WEIGHT, fusion.TEXT_WEIGHT),
+async def search(
+    db: Database,
+    *,
+    tenant_id: str,
+    assistant_id: str,
+    query: str,
+    query_vector: Awaitable[Sequence[float]],
+    top_k: int,
+    score_threshold: float = 0.0,
+) -> list[RetrievedChunk]:
+    """hybrid_search with its two queries running at once, each in its own transaction.
+
+    The vector is awaited here, so the full-text query can run while it is being computed.
+    """
+    limit = candidate_limit(top_k)
+
+    async def nearest() -> list[Row[Any]]:
+        vector = await query_vector
+        return await db.run(lambda s: vector_candidates(s, tenant_id, assistant_id, vector, limit))
+
+    vector_rows, text_rows = await asyncio.gather(
+        nearest(),
+        db.run(lambda s: text_candidates(s, tenant_id, assistant_id, query, limit)),
     )
-    ranked = sorted(fused, key=lambda i: (-fused[i], -similarity.get(i, -1.0), stable(i)))
-    scores = {i: normalize_score(fused[i], ScoreKind.FUSED) for i in ranked}
-    passing = [i for i in ranked if scores[i] >= score_threshold]
-    kept = diversify(
-        passing, lambda i: keys[i].document_id, lambda i: similarity.get(i, 0.0), top_k
-    )
-    if not kept:
-        return []
-    details = {r.id: r for r in s.execute(DETAILS_SQL, {"ids": kept}).all()}
-    return [to_retrieved(details[i], scores[i]) for i in kept if i in details]
+    return rank(vector_rows, text_rows, top_k, score_threshold)
 
 
 def to_retrieved(r: Row[Any], score: float) -> RetrievedChunk:
-    """A DETAILS_SQL row as the citation engine's input."""
+    """A candidate row as the citation engine's input."""
     return RetrievedChunk(
         chunk_id=str(r.id),
         document_id=str(r.document_id),

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from services.errors import Unavailable
+from services.errors import ResourceExhausted, Unavailable
 from services.llm.base import (
     Finished,
     FinishReason,
@@ -375,7 +375,8 @@ async def test_events_split_anywhere_across_chunks_are_reassembled(
     llm_server.script = script
     pieces, finished = await collect(generator)
 
-    assert pieces == ["Tokyo [", "2]", "!"]
+    # "Tokyo [" and "2]" arrived in one read, so they come out as one piece.
+    assert pieces == ["Tokyo [2]", "!"]
     assert finished.reason is FinishReason.STOP
 
 
@@ -801,3 +802,92 @@ def test_the_endpoint_is_found_from_the_base_url(base_url: str, endpoint: str) -
 def test_a_base_url_that_is_not_http_is_refused(base_url: str) -> None:
     with pytest.raises(ValueError):
         OpenAIGenerator(base_url, "m")
+
+
+# --- coalescing and the connection pool --------------------------------------------------
+
+
+async def test_events_of_one_read_come_out_as_one_piece(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    words = ["Paris ", "is ", "in ", "France ", "[1", "]."]
+
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.chunk("".join(f"data: {json.dumps(chunk(w))}\n\n" for w in words))
+        await ex.event(chunk(finish="stop"))
+        await ex.chunk("data: [DONE]\n\n")
+        await ex.end_stream()
+
+    llm_server.script = script
+    pieces, _ = await collect(generator)
+
+    assert pieces == ["".join(words)]
+
+
+async def test_a_piece_is_not_held_back_waiting_for_the_next_read(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    first_seen = asyncio.Event()
+
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(chunk("Paris "))
+        # The second event is sent only once the first has reached the consumer.
+        await asyncio.wait_for(first_seen.wait(), 5.0)
+        await ex.event(chunk("is in France.", "stop"))
+        await ex.chunk("data: [DONE]\n\n")
+        await ex.end_stream()
+
+    llm_server.script = script
+    pieces = []
+    async for event in generator.generate(REQUEST):
+        if isinstance(event, TextPiece):
+            pieces.append(event.text)
+            first_seen.set()
+
+    assert pieces == ["Paris ", "is in France."]
+
+
+async def test_a_full_pool_is_resource_exhausted_not_the_models_fault(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory
+) -> None:
+    llm_server.script = endless_script(llm_server)
+    gen = make_generator(max_connections=1, pool_timeout=0.2)
+    holding = gen.generate(REQUEST)
+    assert isinstance(await anext(holding), TextPiece)  # the one connection is now busy
+
+    with pytest.raises(ResourceExhausted) as info:
+        await collect(gen)
+    await holding.aclose()
+
+    assert info.value.code.name == "RESOURCE_EXHAUSTED"
+    assert info.value.reason == "LLM_POOL_EXHAUSTED"
+    assert info.value.metadata == {"max_connections": "1"}
+    assert "model" not in info.value.message
+
+
+async def test_a_request_waits_for_a_pooled_connection_to_come_free(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(chunk("Paris.", "stop"))
+        await asyncio.sleep(0.2)
+        await ex.chunk("data: [DONE]\n\n")
+        await ex.end_stream()
+
+    llm_server.script = script
+    gen = make_generator(max_connections=1, pool_timeout=5)
+    answers = await asyncio.gather(collect(gen), collect(gen), collect(gen))
+
+    assert [pieces for pieces, _ in answers] == [["Paris."]] * 3
+    assert llm_server.connections == 1
+
+
+def test_the_pool_size_defaults_to_what_the_open_file_limit_allows() -> None:
+    gen = OpenAIGenerator("http://127.0.0.1:1", "m")
+    assert 16 <= gen.max_connections <= 4096
+    assert OpenAIGenerator("http://127.0.0.1:1", "m", max_connections=7).max_connections == 7
+    with pytest.raises(ValueError):
+        OpenAIGenerator("http://127.0.0.1:1", "m", max_connections=0)

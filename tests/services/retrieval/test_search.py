@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from sqlalchemy import text
 
 from footnote.v1 import assistants_service_pb2 as apb
 from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
@@ -13,7 +14,8 @@ from footnote.v1 import documents_service_pb2_grpc as pb_grpc
 from services.citations import ScoreKind
 from services.retrieval.embeddings import create_embedder
 from services.retrieval.fusion import fuse
-from services.retrieval.search import hybrid_search
+from services.retrieval.search import hybrid_search, rarest_terms, tsquery_term
+from services.retrieval.search import search as hybrid_search_concurrently
 from tests.support import bearer, ingest
 
 pytestmark = pytest.mark.usefixtures("worker")
@@ -192,3 +194,57 @@ async def test_titles_and_headings_are_searched_but_never_quoted(channel, make_k
     # The heading's term is weighted A in a chunk whose own text never says it.
     assert "'termin':" in later.tsv and "A" in later.tsv.split("'termin':")[1].split(" ")[0]
     assert "'access':" in later.tsv
+
+
+async def test_concurrent_search_returns_what_sequential_search_returns(
+    channel, make_key, db, embedder
+):
+    tenant = "conc-" + uuid.uuid4().hex[:6]
+    key = make_key(tenant)
+    assistant = await make_assistant(channel, key)
+    docs = pb_grpc.DocumentsServiceStub(channel)
+    await ingest(docs, key, assistant, "leave.md", LEAVE)
+    await ingest(docs, key, assistant, "kitchen.md", COFFEE)
+
+    for question in ("How many vacation days?", "espresso machine", "sick leave", "zzz qqq"):
+        sequential = search(db, embedder, tenant, assistant, question)
+
+        async def vector(q=question):
+            return embedder.embed_query(q)
+
+        concurrent = await hybrid_search_concurrently(
+            db,
+            tenant_id=tenant,
+            assistant_id=assistant,
+            query=question,
+            query_vector=vector(),
+            top_k=5,
+        )
+        assert concurrent == sequential
+        assert concurrent, question
+
+
+def test_the_rarest_terms_are_kept_within_the_budget():
+    frequency = {"the": 0.9, "leave": 0.3, "annual": 0.05}
+    # 1,000 chunks: "sick" (unknown, so rarer than all listed) 10, "annual" 50, "leave" 300.
+    terms = ["the", "annual", "leave", "sick", "leave"]
+    assert rarest_terms(terms, frequency, 0.01, 1000, budget=100) == ["sick", "annual"]
+    assert rarest_terms(terms, frequency, 0.01, 1000, budget=400) == ["sick", "annual", "leave"]
+    # A small assistant keeps every term; a huge one still keeps the rarest.
+    assert rarest_terms(terms, frequency, 0.01, 50, budget=100) == [
+        "sick",
+        "annual",
+        "leave",
+        "the",
+    ]
+    assert rarest_terms(terms, frequency, 0.01, 10**7, budget=100) == ["sick"]
+
+
+def test_terms_are_quoted_for_tsquery(db):
+    for term in ("plain", "o'neil", "back\\slash", "a:b", "x & y"):
+        parsed = db.transact(
+            lambda s, t=term: s.execute(
+                text("SELECT querytree(CAST(:q AS tsquery))"), {"q": tsquery_term(t)}
+            ).scalar_one()
+        )
+        assert parsed == tsquery_term(term), term

@@ -1,0 +1,224 @@
+"""What the serving benchmarks share: the stack, a scripted upstream, servers in processes.
+
+Each server runs in a process of its own, as in production, so the client that measures
+does not share its event loop. The scripted upstream (`python bench/harness.py upstream`)
+streams `deltas` chat-completion chunks per request, each written on its own, with an
+optional delay before the first; `python bench/harness.py echo` is the bare grpc.aio
+baseline: a server stream of the same number of StreamCompleteResponse deltas, no Footnote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+BIN = Path(sys.executable).parent
+
+WORD = "word "
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, limit: float = 60.0) -> None:
+    until = time.monotonic() + limit
+    while time.monotonic() < until:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listening on {port}")
+
+
+@contextlib.contextmanager
+def process(
+    args: list[str], port: int, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Iterator[int]:
+    """A child process serving on port; stopped (SIGTERM, then SIGKILL) on exit."""
+    log = open(f"/tmp/fnbench-{Path(args[1]).stem}-{port}.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        args, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, cwd=cwd
+    )
+    try:
+        wait_port(port)
+        yield proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@contextlib.contextmanager
+def upstream(deltas: int, first_delay_ms: float = 0.0) -> Iterator[str]:
+    port = free_port()
+    args = [sys.executable, __file__, "upstream", "--port", str(port), "--deltas", str(deltas)]
+    with process([*args, "--first-delay-ms", str(first_delay_ms)], port):
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+@contextlib.contextmanager
+def echo(deltas: int) -> Iterator[str]:
+    port = free_port()
+    args = [sys.executable, __file__, "echo", "--port", str(port), "--deltas", str(deltas)]
+    with process(args, port):
+        yield f"127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def footnote_server(
+    endpoints,
+    llm_base_url: str | None,
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    **extra: str,
+) -> Iterator[str]:
+    """`footnote serve` on the stack's endpoints; extra settings as FOOTNOTE_* values.
+
+    With cwd, the server is the tree found there (python -m footnote.cli, cwd first on the path).
+    """
+    port = free_port()
+    settings = {
+        "FOOTNOTE_DATABASE_URL": endpoints.database_url,
+        "FOOTNOTE_BROKER_URL": endpoints.broker_url,
+        "FOOTNOTE_S3_ENDPOINT": endpoints.s3_endpoint,
+        "FOOTNOTE_S3_ACCESS_KEY": endpoints.s3_access_key,
+        "FOOTNOTE_S3_SECRET_KEY": endpoints.s3_secret_key,
+        "FOOTNOTE_GRPC_PORT": str(port),
+        "FOOTNOTE_HTTP_PORT": str(free_port()),
+        "FOOTNOTE_LOG_LEVEL": "WARNING",
+        **({"FOOTNOTE_LLM_BASE_URL": llm_base_url} if llm_base_url else {}),
+        **{f"FOOTNOTE_{k.upper()}": v for k, v in extra.items()},
+    }
+    args = (
+        [sys.executable, "-m", "footnote.cli", "serve"] if cwd else [str(BIN / "footnote"), "serve"]
+    )
+    with process(args, port, {**settings, **(env or {})}, cwd):
+        yield f"127.0.0.1:{port}"
+
+
+def make_assistant(database_url: str, tenant: str, **settings) -> tuple[str, str]:
+    """A new API key and assistant for tenant: (key, assistant id)."""
+    from services import auth
+    from services.assistants.domain import create_assistant
+    from services.db import migrate
+    from services.db.session import Database, make_engine
+
+    migrate.upgrade(database_url)
+    db = Database(make_engine(database_url, pool_size=1))
+    try:
+        key = db.transact(lambda s: auth.create_key(s, tenant))
+        made = db.transact(lambda s: create_assistant(s, tenant, "bench", settings))
+        return key, made.id
+    finally:
+        db.dispose()
+
+
+def percentile(values, p):
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+# --- the child processes --------------------------------------------------------------------
+
+
+def event(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+async def run_upstream(port: int, deltas: int, first_delay_ms: float) -> None:
+    from aiohttp import web
+
+    piece = event({"choices": [{"index": 0, "delta": {"content": WORD}}]})
+    finish = event(
+        {
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": deltas},
+        }
+    )
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        if first_delay_ms:
+            await asyncio.sleep(first_delay_ms / 1000)
+        for _ in range(deltas):
+            await response.write(piece)  # one write per token, as a model server does
+            # A model server produces the tokens of all its answers side by side; without this
+            # an answer whose socket never fills would be streamed whole before the next began.
+            await asyncio.sleep(0)
+        await response.write(finish)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
+    await asyncio.Event().wait()
+
+
+async def run_echo(port: int, deltas: int) -> None:
+    import grpc
+
+    from footnote.v1 import chat_service_pb2 as pb
+
+    async def stream(request: bytes, context) -> object:
+        for _ in range(deltas):
+            yield pb.StreamCompleteResponse(delta=pb.CompletionDelta(content=WORD))
+
+    handler = grpc.method_handlers_generic_handler(
+        "footnote.v1.ChatService",
+        {
+            "StreamComplete": grpc.unary_stream_rpc_method_handler(
+                stream,
+                request_deserializer=None,
+                response_serializer=pb.StreamCompleteResponse.SerializeToString,
+            )
+        },
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=["upstream", "echo"])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--deltas", type=int, default=2000)
+    parser.add_argument("--first-delay-ms", type=float, default=0.0)
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if args.role == "upstream":
+        asyncio.run(run_upstream(args.port, args.deltas, args.first_delay_ms))
+    else:
+        asyncio.run(run_echo(args.port, args.deltas))
+
+
+if __name__ == "__main__":
+    main()

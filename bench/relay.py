@@ -1,0 +1,129 @@
+"""The StreamComplete relay against a bare grpc.aio server stream, at 1, 100 and 1,000 streams.
+
+    .venv/bin/python bench/relay.py                       # 1 and 100 streams, 2,000 deltas
+    .venv/bin/python bench/relay.py --streams 1000 --deltas 200
+
+A scripted upstream streams `deltas` chunks per answer, one write each; Footnote relays them
+(assistant with RAG off, so the relay alone is measured). The baseline is a bare grpc.aio
+server streaming the same number of StreamCompleteResponse deltas. Both batches run in the
+same run, alternately, `--rounds` times; printed per batch: upstream deltas relayed per second
+(wall time of the whole batch), the ratio to the echo, failed calls, the p99 gap between
+messages of a stream, and the median time to the first message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import statistics
+import time
+from collections import Counter
+
+import corpus
+import grpc
+from harness import echo, footnote_server, make_assistant, percentile, upstream
+
+from footnote.v1 import chat_service_pb2 as pb
+from footnote.v1 import chat_service_pb2_grpc as pb_grpc
+
+
+async def one_stream(stub, request, metadata):
+    began = time.perf_counter()
+    stamps = []
+    chars = 0
+    async for message in stub.StreamComplete(request, metadata=metadata):
+        stamps.append(time.perf_counter())
+        chars += len(message.delta.content)
+    return began, stamps, chars
+
+
+async def batch(target: str, streams: int, request, metadata):
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = pb_grpc.ChatServiceStub(channel)
+        await channel.channel_ready()
+        began = time.perf_counter()
+        results = await asyncio.gather(
+            *(one_stream(stub, request, metadata) for _ in range(streams)),
+            return_exceptions=True,
+        )
+        wall = time.perf_counter() - began
+    errors = Counter(
+        f"{r.code().name}: {r.details()}" for r in results if isinstance(r, grpc.aio.AioRpcError)
+    )
+    errors.update(
+        type(r).__name__
+        for r in results
+        if isinstance(r, BaseException) and not isinstance(r, grpc.aio.AioRpcError)
+    )
+    ok = [r for r in results if not isinstance(r, BaseException)]
+    gaps = [b - a for _, stamps, _ in ok for a, b in itertools.pairwise(stamps)]
+    first = [stamps[0] - start for start, stamps, _ in ok if stamps]
+    return wall, errors, gaps, first, ok
+
+
+def summary(name, deltas, streams, wall, errors, gaps, first):
+    rate = streams * deltas / wall
+    first_ms = statistics.median(first) * 1000 if first else float("nan")
+    print(
+        f"  {name:9s} {rate:9,.0f} deltas/s  wall {wall:6.2f} s  errors {sum(errors.values())}"
+        f"{' ' + str(dict(errors)) if errors else ''}  p99 gap {percentile(gaps, 99) * 1000:6.1f}"
+        f" ms  first message p50 {first_ms:7.1f} ms"
+    )
+    return rate
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, nargs="*", default=[1, 100])
+    parser.add_argument("--deltas", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    stack = corpus.start_stack(corpus.state_dir().with_name("fnbench-relay"))
+    try:
+        endpoints = stack.endpoints
+        key, assistant = make_assistant(
+            endpoints.database_url, "bench-relay", enable_rag=False, enable_citations=False
+        )
+        request = pb.CompleteRequest(
+            assistant_id=assistant,
+            messages=[pb.ChatMessage(role=pb.ROLE_USER, content="Tell me a long story.")],
+        )
+        metadata = (("authorization", f"Bearer {key}"),)
+        with (
+            upstream(args.deltas) as llm,
+            # A batch of long answers on 2 busy cores can outlast the default answer deadline.
+            footnote_server(endpoints, llm, llm_timeout_seconds="600") as relay,
+            echo(args.deltas) as bare,
+        ):
+            print(f"relay: {args.deltas:,} upstream deltas per stream, {args.rounds} rounds")
+            for target in (bare, relay):  # connections, caches and the upstream pool warm up
+                await batch(target, 4, request, metadata)
+            for streams in args.streams:
+                print(f"{streams} concurrent streams")
+                ratios = []
+                for _ in range(args.rounds):
+                    e = await batch(bare, streams, request, metadata)
+                    f = await batch(relay, streams, request, metadata)
+                    echo_rate = summary("echo", args.deltas, streams, *e[:4])
+                    relay_rate = summary("footnote", args.deltas, streams, *f[:4])
+                    assert all(c == args.deltas * len("word ") for _, _, c in f[4]), "text lost"
+                    ratios.append(relay_rate / echo_rate)
+                    messages = statistics.fmean(len(stamps) for _, stamps, _ in f[4])
+                    print(
+                        f"  footnote sent {messages:,.0f} messages a stream for "
+                        f"{args.deltas:,} upstream deltas"
+                    )
+                    gap_diff = (percentile(f[2], 99) - percentile(e[2], 99)) * 1000
+                    print(
+                        f"  ratio footnote/echo {ratios[-1]:.2f}, p99 gap difference "
+                        f"{gap_diff:+.1f} ms"
+                    )
+                print(f"  median ratio over {args.rounds} rounds: {statistics.median(ratios):.2f}")
+    finally:
+        stack.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,220 @@
+"""Hybrid search latency and HNSW recall at scale, against the previous search in the same run.
+
+    .venv/bin/python bench/search.py                   # 10k chunks (built once, ~1 min)
+    .venv/bin/python bench/search.py --scale 100000    # built once, ~10 min on 2 busy cores
+
+The corpus (bench/corpus.py) is kept under /tmp/fnbench between runs. Printed:
+- hybrid search p50/p95 through `search` (two connections at once) and through the previous
+  implementation (one connection, ef_search 40, every full-text match ranked), same questions;
+- recall@10 of the vector query against exact search (no index) on the same vectors, under
+  the tenant and assistant filters, for the large assistant and for a tenth-size one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from sqlalchemy import text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import corpus
+
+from services.db.session import Database, make_engine
+from services.retrieval import search as current
+
+# The search as it was before this benchmark's changes: the baseline of every ratio.
+PREVIOUS_VECTOR_SQL = text(
+    """
+    SELECT c.id, 1 - (c.embedding <=> CAST(:query AS vector)) AS similarity
+    FROM chunks c JOIN documents d ON d.id = c.document_id
+    WHERE c.tenant_id = :tenant AND c.assistant_id = :assistant
+      AND d.state = 'READY' AND d.delete_time IS NULL
+    ORDER BY c.embedding <=> CAST(:query AS vector)
+    LIMIT :limit
+    """
+)
+PREVIOUS_TEXT_SQL = text(
+    """
+    WITH q AS (
+      SELECT to_tsquery('english', replace(plainto_tsquery('english', :query)::text, '&', '|'))
+        AS query
+    )
+    SELECT c.id, ts_rank_cd(c.tsv, q.query) AS rank
+    FROM chunks c JOIN documents d ON d.id = c.document_id, q
+    WHERE c.tenant_id = :tenant AND c.assistant_id = :assistant
+      AND d.state = 'READY' AND d.delete_time IS NULL
+      AND q.query <> ''::tsquery AND c.tsv @@ q.query
+    ORDER BY rank DESC, c.id
+    LIMIT :limit
+    """
+)
+PREVIOUS_DETAILS_SQL = text(
+    """
+    SELECT c.id, c.document_id, d.display_name, d.content_type, c.chunk_index, c.text,
+           c.start_offset, c.end_offset, c.start_line, c.end_line, c.page_start, c.page_end,
+           c.heading_path, d.sha256, d.indexed_time
+    FROM chunks c JOIN documents d ON d.id = c.document_id
+    WHERE c.id = ANY(:ids)
+    """
+)
+EXACT_SQL = text(
+    """
+    SELECT c.id
+    FROM chunks c JOIN documents d ON d.id = c.document_id
+    WHERE c.tenant_id = :tenant AND c.assistant_id = :assistant
+      AND d.state = 'READY' AND d.delete_time IS NULL
+    ORDER BY c.embedding <=> CAST(:query AS vector)
+    LIMIT :limit
+    """
+)
+TOP_K = 8
+
+
+def previous_search(s, tenant_id, assistant_id, query, vector):
+    limit = current.candidate_limit(TOP_K)
+    params = {"tenant": tenant_id, "assistant": uuid.UUID(assistant_id), "limit": limit}
+    s.execute(text("SET LOCAL hnsw.iterative_scan = 'relaxed_order'"))
+    literal = current.vector_literal(vector)
+    vector_rows = s.execute(PREVIOUS_VECTOR_SQL, {**params, "query": literal}).all()
+    text_rows = s.execute(PREVIOUS_TEXT_SQL, {**params, "query": query}).all()
+    fused = current.fuse([[r.id for r in vector_rows], [r.id for r in text_rows]])
+    kept = sorted(fused, key=lambda i: -fused[i])[:TOP_K]
+    return s.execute(PREVIOUS_DETAILS_SQL, {"ids": kept}).all()
+
+
+def exact_ids(s, tenant_id, assistant_id, vector, k):
+    s.execute(text("SET LOCAL enable_indexscan = off"))
+    s.execute(text("SET LOCAL enable_bitmapscan = off"))
+    rows = s.execute(
+        EXACT_SQL,
+        {
+            "tenant": tenant_id,
+            "assistant": uuid.UUID(assistant_id),
+            "query": current.vector_literal(vector),
+            "limit": k,
+        },
+    ).all()
+    return [r.id for r in rows]
+
+
+def percentile(values, p):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def ms(seconds):
+    return f"{seconds * 1000:7.1f} ms"
+
+
+async def ready(vector):
+    return vector
+
+
+async def time_current(db, c, questions):
+    timings = []
+    for q, v in questions:
+        began = time.perf_counter()
+        await current.search(
+            db,
+            tenant_id=c.tenant_id,
+            assistant_id=c.assistant_id,
+            query=q,
+            query_vector=ready(v),
+            top_k=TOP_K,
+        )
+        timings.append(time.perf_counter() - began)
+    return timings
+
+
+async def time_previous(db, c, questions):
+    timings = []
+    for q, v in questions:
+        began = time.perf_counter()
+        await db.run(lambda s, q=q, v=v: previous_search(s, c.tenant_id, c.assistant_id, q, v))
+        timings.append(time.perf_counter() - began)
+    return timings
+
+
+def truths(db, tenant_id, assistant_id, questions):
+    return [
+        set(db.transact(lambda s, v=v: exact_ids(s, tenant_id, assistant_id, v, 10)))
+        for _, v in questions
+    ]
+
+
+def recall(db, tenant_id, assistant_id, questions, truth, ef_search):
+    current.EF_SEARCH = ef_search
+    found = []
+    for (_, v), expected in zip(questions, truth, strict=True):
+        got = db.transact(
+            lambda s, v=v: current.vector_candidates(s, tenant_id, assistant_id, v, 10)
+        )
+        found.append(len(expected & {r.id for r in got}) / max(1, len(expected)))
+    return statistics.fmean(found)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=int, default=10_000, help="chunks in the assistant")
+    parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--recall-queries", type=int, default=50)
+    parser.add_argument("--ef-search", type=int, nargs="*", default=[40, 100, 200, 400])
+    parser.add_argument("--database-url", help="a built corpus database, instead of starting one")
+    args = parser.parse_args()
+
+    stack = None
+    if args.database_url:
+        c = corpus.attach(args.database_url, args.scale)
+    else:
+        stack = corpus.start_postgres()
+        c = corpus.open_corpus(stack, args.scale)
+    db = Database(make_engine(c.url, pool_size=4))
+    try:
+        questions = [(q, [float(x) for x in v]) for q, v in corpus.questions(args.queries)]
+        small = db.transact(
+            lambda s: s.execute(
+                text("SELECT id FROM assistants WHERE tenant_id = :t AND id <> :a LIMIT 1"),
+                {"t": c.tenant_id, "a": uuid.UUID(c.assistant_id)},
+            ).scalar_one()
+        )
+        print(
+            f"hybrid search, {c.scale:,} chunks in the assistant, top_k {TOP_K}, "
+            f"{len(questions)} questions, ef_search {current.EF_SEARCH}"
+        )
+        # One warm-up pass each, so both read from a warm cache.
+        await time_current(db, c, questions[:10])
+        await time_previous(db, c, questions[:10])
+        previous = await time_previous(db, c, questions)
+        now = await time_current(db, c, questions)
+        for name, t in (("previous", previous), ("current ", now)):
+            print(f"  {name}: p50 {ms(percentile(t, 50))}  p95 {ms(percentile(t, 95))}")
+        print(f"  p95 ratio current/previous: {percentile(now, 95) / percentile(previous, 95):.3f}")
+
+        print("vector recall@10 against exact search (same vectors and filters)")
+        chosen = current.EF_SEARCH
+        rq = questions[: args.recall_queries]
+        big_truth = truths(db, c.tenant_id, c.assistant_id, rq)
+        tenth_truth = truths(db, c.tenant_id, str(small), rq)
+        for ef in args.ef_search:
+            big = recall(db, c.tenant_id, c.assistant_id, rq, big_truth, ef)
+            tenth = recall(db, c.tenant_id, str(small), rq, tenth_truth, ef)
+            print(
+                f"  ef_search {ef:4d}: {big:.3f} ({c.scale:,} chunks)   "
+                f"{tenth:.3f} ({c.scale // 10:,} chunks)"
+            )
+        current.EF_SEARCH = chosen
+    finally:
+        db.dispose()
+        if stack is not None:
+            stack.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,62 @@
+"""QueryBatcher: questions that arrive together are embedded in one model run."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from services.retrieval.batching import QueryBatcher
+from services.retrieval.embeddings import create_embedder
+
+
+class Recording:
+    """The local model, recording the batches it is asked for; the first run is held."""
+
+    def __init__(self) -> None:
+        self.model = create_embedder()
+        self.batches: list[list[str]] = []
+        self.release = threading.Event()
+
+    def embed_documents(self, texts):
+        self.batches.append(list(texts))
+        if len(self.batches) == 1:
+            self.release.wait(5)
+        return self.model.embed_documents(texts)
+
+    def embed_query(self, text):
+        return self.model.embed_query(text)
+
+
+async def test_questions_arriving_during_a_run_share_the_next_one():
+    recording = Recording()
+    batcher = QueryBatcher(recording)
+    questions = ["annual leave", "sick days", "espresso", "oat milk", "descaling"]
+
+    first = asyncio.create_task(batcher.embed_query(questions[0]))
+    while not recording.batches:  # the first question runs at once, alone
+        await asyncio.sleep(0.01)
+    rest = [asyncio.create_task(batcher.embed_query(q)) for q in questions[1:]]
+    await asyncio.sleep(0.05)
+    recording.release.set()
+    vectors = await asyncio.gather(first, *rest)
+
+    assert recording.batches == [questions[:1], questions[1:]]
+    for question, vector in zip(questions, vectors, strict=True):
+        assert vector == pytest.approx(recording.model.embed_query(question), abs=1e-5)
+
+
+async def test_a_failed_run_fails_every_question_in_it():
+    class Broken:
+        def embed_documents(self, texts):
+            raise RuntimeError("model gone")
+
+    batcher = QueryBatcher(Broken())
+    results = await asyncio.gather(
+        batcher.embed_query("a"), batcher.embed_query("b"), return_exceptions=True
+    )
+    assert [type(r) for r in results] == [RuntimeError, RuntimeError]
+    # The batcher still works after a failure.
+    batcher.embedder = Recording().model
+    assert len(await batcher.embed_query("c")) == 384
