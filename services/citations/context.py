@@ -30,7 +30,9 @@ PLAIN_INSTRUCTIONS = (
 
 # Anything the marker grammar (docs/citations.md) could read as a citation, and a little more:
 # brackets around digits, separators, dashes and spaces, ASCII or full-width.
-_MARKER_LIKE = re.compile(r"[\[【［]([\s0-9０-９,，、\-–—]*[0-9０-９][\s0-9０-９,，、\-–—]*)[\]】］]")
+_MARKER_LIKE = re.compile(
+    r"[\[【［]([\s0-9０-９,，、\-–—]*[0-9０-９][\s0-9０-９,，、\-–—]*)[\]】］]"
+)
 # Something a model could read as a source tag, opening or closing: `<source`, `</ source`,
 # `&lt;source` (in case a reader unescapes), in any case.
 _TAG_LIKE = re.compile(r"<(?=\s*/?\s*source)|&(?=lt;\s*/?\s*source)", re.IGNORECASE)
@@ -46,7 +48,9 @@ def neutralize_markers(text: str) -> str:
 
 def escape_source_text(text: str) -> str:
     """Source text as it goes into a block: markers neutralised, no source tag can form."""
-    return _TAG_LIKE.sub(lambda m: "&lt;" if m.group() == "<" else "&amp;", neutralize_markers(text))
+    return _TAG_LIKE.sub(
+        lambda m: "&lt;" if m.group() == "<" else "&amp;", neutralize_markers(text)
+    )
 
 
 def escape_attribute(value: str) -> str:

@@ -84,7 +84,7 @@ def test_document_text_cannot_forge_tags_or_markers() -> None:
     memo = context.split('<source id="1" title="memo.txt">\n')[1].split("\n</source>")[0]
     assert extract(memo, 99).markers == ()
     assert "Revenue grew 5% (7). See (1)(2)(3), (5), (2) and (1, 2) or (2-3)." in memo
-    assert "(2) (Source: \"board-minutes.txt\")" in memo
+    assert '(2) (Source: "board-minutes.txt")' in memo
     assert "`x(0)`" in memo and "[^1]" in memo and "[note]" in memo
 
 
