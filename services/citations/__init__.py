@@ -47,8 +47,8 @@ __all__ = [
     "is_stale",
     "join_heading",
     "make_excerpt",
-    "neutralize_markers",
     "mark_stale",
+    "neutralize_markers",
     "source_label",
     "version_of",
 ]
