@@ -17,7 +17,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import snowballstemmer
@@ -47,6 +47,9 @@ MAX_ANSWER_CHARS = 700
 # must nearly match it, or the answer would read as if one document said both.
 SAME_DOCUMENT_FLOOR = 0.8
 OTHER_DOCUMENT_FLOOR = 0.95
+# ... or, scoring at least SAME_DOCUMENT_FLOOR, when it holds question words worth this share
+# of the question that the answer so far lacks.
+NEW_PART_SHARE = 0.2
 # Weights of meaning and shared words in a sentence's score, and the scores below which the
 # best sentence is too weak to answer with: calibrated on questions over licence texts and
 # READMEs, half of which the documents cannot answer (docs/llm.md, "Calibration").
@@ -100,6 +103,8 @@ class Candidate:
     semantic: float = 0.0  # cosine similarity to the question, 0..1
     score: float = 0.0
     named: bool = False  # the question names the document or section ("the Apache License")
+    # The question's terms the sentence itself holds, each with its share of the question.
+    found: tuple[tuple[str, float], ...] = ()
 
     @property
     def text(self) -> str:
@@ -131,7 +136,8 @@ def candidates_of(request: GenerationRequest) -> list[Candidate]:
             )
             lexical = round(matched / wanted_weight, 6)
             named = any(t in context for t in wanted)
-            found.append(Candidate(index, document, statement, lexical, named=named))
+            own = tuple(sorted((t, weight[t] / wanted_weight) for t in wanted if t in have))
+            found.append(Candidate(index, document, statement, lexical, named=named, found=own))
     return found
 
 
@@ -180,9 +186,7 @@ def _shape(statement: Statement, how_to: bool) -> float:
 
 
 def _with(c: Candidate, semantic: float, value: float) -> Candidate:
-    return Candidate(
-        c.source_index, c.document, c.statement, c.lexical, semantic, round(value, 6), c.named
-    )
+    return replace(c, semantic=semantic, score=round(value, 6))
 
 
 def choose(ranked: list[Candidate], *, semantic: bool) -> list[Candidate]:
@@ -195,18 +199,25 @@ def choose(ranked: list[Candidate], *, semantic: bool) -> list[Candidate]:
     chosen = [best]
     length = len(best.text)
     seen = {_fingerprint(best.text)}
+    covered = {term for term, _ in best.found}
     for c in ranked[1:]:
         if len(chosen) == MAX_SENTENCES:
             break
         if c.score < SAME_DOCUMENT_FLOOR * best.score:
             break
-        if c.document != best.document and (
-            c.score < OTHER_DOCUMENT_FLOOR * best.score or (best.named and not c.named)
-        ):
-            continue  # another document joins only if it answers as well, and is the one asked
+        if c.document not in {x.document for x in chosen}:
+            # Another document joins only if it is not the wrong one of those the question
+            # names, and it answers as well, or answers a part the answer leaves open ("...,
+            # and who approves a 1,500 EUR claim?").
+            if best.named and not c.named:
+                continue
+            adds = sum(share for term, share in c.found if term not in covered)
+            if c.score < OTHER_DOCUMENT_FLOOR * best.score and adds < NEW_PART_SHARE:
+                continue
         if _fingerprint(c.text) in seen or length + len(c.text) > MAX_ANSWER_CHARS:
             continue
         seen.add(_fingerprint(c.text))
+        covered.update(term for term, _ in c.found)
         chosen.append(c)
         length += len(c.text)
     # The best sentence first; the rest as they stand in their documents, this document first.

@@ -239,3 +239,25 @@ def test_list_items_of_legal_text_are_statements() -> None:
         "License.",
         "You must cause any modified files to carry prominent notices.",
     ]
+
+
+def test_another_document_joins_for_the_part_of_the_question_it_answers(embedder) -> None:
+    travel = (
+        "## Per diem\n\nEmployees receive a per diem of 45 EUR for each full day of travel, and "
+        "25 EUR for the day of departure and the day of return.\n"
+    )
+    expenses = (
+        "Approval\n\nYour manager approves claims up to 1,000 EUR. Claims above 1,000 EUR also "
+        "need the approval of the finance team, which answers within five working days.\n"
+    )
+    answer = compose(
+        request(
+            "How much is the per diem on the day of departure, and who approves a 1,500 EUR claim?",
+            ("travel.md", travel),
+            ("kitchen.md", KITCHEN),
+            ("expenses.html", expenses),
+        ),
+        embedder,
+    )
+    assert answer.startswith("Employees receive a per diem"), answer
+    assert set(cited(answer)) == {1, 3} and "finance team" in answer
