@@ -103,7 +103,7 @@ class Deps:
             api_key=settings.embeddings_api_key,
             dim=settings.embeddings_dim,
         )
-        generator = create_generator(settings)
+        generator = create_generator(settings, embedder=embedder)
         return cls(
             db=db,
             authenticator=Authenticator(db),

@@ -30,8 +30,8 @@ class LinkMode(StrEnum):
 class AssistantSettings:
     system_prompt: str = ""
     model: str = ""
-    temperature: float = 0.2
-    max_output_tokens: int = 1024
+    temperature: float = 0.0
+    max_output_tokens: int = 512
     enable_rag: bool = True
     enable_citations: bool = True
     citation_link_mode: LinkMode = LinkMode.NONE

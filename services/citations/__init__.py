@@ -1,6 +1,6 @@
 """The citation engine: numbered sources in, markers found, spans and sources out. No I/O."""
 
-from services.citations.context import build_context, source_label
+from services.citations.context import build_context, neutralize_markers, source_label
 from services.citations.extract import Extraction, Marker, extract
 from services.citations.finalize import finalize_extraction
 from services.citations.manifest import Manifest, build_manifest, make_excerpt
@@ -55,6 +55,7 @@ __all__ = [
     "join_heading",
     "make_excerpt",
     "mark_stale",
+    "neutralize_markers",
     "source_label",
     "version_of",
 ]

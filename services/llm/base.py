@@ -41,8 +41,8 @@ class GenerationRequest:
     question: str = ""
     retrieval: Retrieval = Retrieval.RAN
     model: str = ""
-    temperature: float = 0.2
-    max_output_tokens: int = 1024
+    temperature: float = 0.0
+    max_output_tokens: int = 512
     citations: bool = True
 
 

@@ -1,16 +1,26 @@
 """The embedded default generator: answers with the source sentences that best match the question.
 
-It is deterministic, needs no model, and cites every sentence it uses with [N], so the whole
-chat path, citations included, runs and is testable with no LLM at all.
+It needs no language model, cites every sentence it uses with [N], and is deterministic: the
+same question over the same sources gives the same answer and citations. Sentences come from
+services.llm.sentences (statements only: no headings, table rows or fragments). Each is scored
+by meaning (cosine similarity to the question under the injected embedder, when there is one)
+and by shared words (Snowball stems, weighted by rarity). The best one comes first; more
+follow only from the same document unless another document matches nearly as well; the answer
+holds at most MAX_SENTENCES sentences and about MAX_ANSWER_CHARS characters. When even the best
+sentence is weak evidence, the answer says that the documents do not say, and cites nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import snowballstemmer
 
 from services.llm.base import (
     Finished,
@@ -20,131 +30,246 @@ from services.llm.base import (
     TextPiece,
     estimate_tokens,
 )
+from services.llm.sentences import WORD, Statement, statements_of
 
-NOTHING_FOUND = "I could not find anything relevant to your question in this assistant's documents."
+NOTHING_FOUND = (
+    "The documents do not say: I could not find anything relevant to your question in this "
+    "assistant's documents."
+)
 GREETING = "Hello! I answer questions from this assistant's documents. What would you like to know?"
 NO_RETRIEVAL = (
     "Retrieval is turned off for this assistant, and the built-in generator can only answer "
     "from documents. Configure an LLM to chat without them."
 )
 MAX_SENTENCES = 3
-RELATIVE_FLOOR = 0.5
-MAX_SENTENCE_CHARS = 400
-
-WORD = re.compile(r"[^\W_]+", re.UNICODE)
-# A sentence ends at . ! ? before a capital or digit, or where a paragraph ends; a single
-# newline is only the source's line wrapping.
-SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n")
-# Numbered markers inside a document would read as citations of ours.
-MARKER_LIKE = re.compile(r"[\[【]\s*[0-9０-９][0-9０-９\s,，、\-–—]*[\]】]")
-# A plain word list reads better than a 70-line literal.
+MAX_ANSWER_CHARS = 700
+# A further sentence must score at least this share of the best one; one from another document
+# must nearly match it, or the answer would read as if one document said both.
+SAME_DOCUMENT_FLOOR = 0.8
+OTHER_DOCUMENT_FLOOR = 0.95
+# ... or, scoring at least SAME_DOCUMENT_FLOOR, when it holds question words worth this share
+# of the question that the answer so far lacks.
+NEW_PART_SHARE = 0.2
+# Weights of meaning and shared words in a sentence's score, and the scores below which the
+# best sentence is too weak to answer with: calibrated on questions over licence texts and
+# READMEs, half of which the documents cannot answer (docs/llm.md, "Calibration").
+SEMANTIC_WEIGHT = 0.65
+LEXICAL_WEIGHT = 0.35
+MIN_SCORE = 0.42
+MIN_LEXICAL_SCORE = 0.5  # without an embedder: the share of the question's weight matched
+CONTEXT_SHARE = 0.5
+# A sentence that opens by pointing back ("This will...", "It also...") reads poorly alone.
+ANAPHORA_PENALTY = 0.9
+ANAPHORA = re.compile(r"^(?:This|That|These|Those|It|They|Such|He|She)\b")
+# "How do I install X?" is best answered with the command, when a source gives one.
+HOW_TO = re.compile(r"^\s*how\s+(?:do|can|to|should|would|does)\b", re.IGNORECASE)
+COMMAND_BONUS = 1.15
+# At most this many statements are embedded per question, the best by shared words first.
+MAX_EMBEDDED = 96
+# Words that carry no topic, as a plain list.
 STOPWORDS = frozenset(
     re.split(
         r"\s+",
         """a an and are as at be by can could did do does for from had has have how i if in is it
     its me my of on or our should so that the their them there these they this to was we were
     what when where which who whom why will with would you your about into than then also any
-    all tell please explain describe get much many""",
+    all tell please explain describe get much many say says said document documents""".strip(),
     )
 )
 
+_stemmer = snowballstemmer.stemmer("english")
+
+
+class SentenceEmbedder(Protocol):
+    """What the generator needs of an embedder (services.retrieval.embeddings.Embedder)."""
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+    def embed_query(self, text: str) -> list[float]: ...
+
 
 def terms(text: str) -> list[str]:
-    return [stem(w) for w in WORD.findall(text.lower()) if w not in STOPWORDS]
-
-
-def stem(word: str) -> str:
-    # A light suffix strip: enough for "days"/"day" or "installing"/"install" to meet.
-    for suffix in ("ing", "ed", "es", "s"):
-        if len(word) > len(suffix) + 2 and word.endswith(suffix):
-            return word[: -len(suffix)]
-    return word
+    """The stemmed topic words of a text: "Warranties" and "warranty" both give "warranti"."""
+    words = [w for w in WORD.findall(text.lower()) if w not in STOPWORDS]
+    return _stemmer.stemWords(words)
 
 
 @dataclass(frozen=True)
 class Candidate:
     source_index: int  # 1-based, as in the prompt
-    position: int
-    text: str
-    score: float
+    document: str  # the document id, or the source index when unknown
+    statement: Statement
+    lexical: float  # the share of the question's term weight the sentence matches, 0..1
+    semantic: float = 0.0  # cosine similarity to the question, 0..1
+    score: float = 0.0
+    named: bool = False  # the question names the document or section ("the Apache License")
+    # The question's terms the sentence itself holds, each with its share of the question.
+    found: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def text(self) -> str:
+        return self.statement.text
 
 
-def sentences_of(text: str) -> list[str]:
-    kept = []
-    in_fence = False
-    lines = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith(("```", "~~~")):
-            in_fence = not in_fence
-            continue
-        # Headings, fences and table rules are structure, not statements.
-        if in_fence or stripped.startswith("#") or set(stripped) <= set("-=|:* "):
-            lines.append("")
-            continue
-        if stripped.startswith(("-", "*", ">", "•")):
-            lines.append("")  # a list item stands alone
-        lines.append(stripped.lstrip("-*>• ").strip())
-    for piece in SENTENCE_END.split("\n".join(lines)):
-        sentence = " ".join(MARKER_LIKE.sub("", piece).split())
-        if len(WORD.findall(sentence)) >= 3 and len(sentence) <= MAX_SENTENCE_CHARS:
-            kept.append(sentence)
-    return kept
+def candidates_of(request: GenerationRequest) -> list[Candidate]:
+    """Every statement of every source, scored by shared words only."""
+    wanted = Counter(terms(request.question))
+    per_source = [statements_of(t) for t in request.source_texts]
+    statement_terms = [[set(terms(f"{s.text} {s.match_text}")) for s in ss] for ss in per_source]
+    doc_freq = Counter(t for ts in statement_terms for s in ts for t in s)
+    total = sum(len(ts) for ts in statement_terms) + 1
+    weight = {t: math.log(1 + total / (1 + doc_freq[t])) for t in wanted}
+    wanted_weight = sum(weight.values()) or 1.0
+    found = []
+    for index, (statements, term_sets) in enumerate(
+        zip(per_source, statement_terms, strict=True), start=1
+    ):
+        document = _document_of(request, index)
+        # A question word in the document's name or the section's heading ("What does the
+        # Apache License say about warranties?") is half matched by each of its sentences, so
+        # the other words decide between them.
+        context = _context_terms(request, index)
+        for statement, have in zip(statements, term_sets, strict=True):
+            matched = sum(
+                weight[t] * (1.0 if t in have else CONTEXT_SHARE if t in context else 0.0)
+                for t in wanted
+            )
+            lexical = round(matched / wanted_weight, 6)
+            named = any(t in context for t in wanted)
+            own = tuple(sorted((t, weight[t] / wanted_weight) for t in wanted if t in have))
+            found.append(Candidate(index, document, statement, lexical, named=named, found=own))
+    return found
 
 
-def rank(question: str, texts: Sequence[str]) -> list[Candidate]:
-    wanted = set(terms(question))
-    if not wanted:
+def _context_terms(request: GenerationRequest, index: int) -> set[str]:
+    if index > len(request.sources):
+        return set()
+    source = request.sources[index - 1]
+    return set(terms(f"{source.document_name} {source.location.heading}"))
+
+
+def _document_of(request: GenerationRequest, index: int) -> str:
+    if index <= len(request.sources):
+        return request.sources[index - 1].document_id or f"#{index}"
+    return f"#{index}"
+
+
+def score(
+    question: str, candidates: list[Candidate], embedder: SentenceEmbedder | None
+) -> list[Candidate]:
+    """Candidates with their final scores, best first; ties go to the earlier source and place."""
+    if embedder is None:
+        scored = [_with(c, 0.0, c.lexical) for c in candidates]
+    else:
+        # Lexical order, then source order, picks which statements are worth embedding.
+        order = sorted(candidates, key=lambda c: (-c.lexical, c.source_index, c.statement.position))
+        shortlist = order[:MAX_EMBEDDED]
+        vectors = embedder.embed_documents([c.statement.match_text for c in shortlist])
+        query = embedder.embed_query(question)
+        scored = []
+        for c, vector in zip(shortlist, vectors, strict=True):
+            cosine = max(0.0, sum(a * b for a, b in zip(query, vector, strict=True)))
+            # Rounded, so that float noise can never reorder equal scores.
+            semantic = round(cosine, 6)
+            value = SEMANTIC_WEIGHT * semantic + LEXICAL_WEIGHT * c.lexical
+            scored.append(_with(c, semantic, value))
+    how_to = bool(HOW_TO.match(question))
+    scored = [_with(c, c.semantic, c.score * _shape(c.statement, how_to)) for c in scored]
+    return sorted(scored, key=lambda c: (-c.score, c.source_index, c.statement.position))
+
+
+def _shape(statement: Statement, how_to: bool) -> float:
+    factor = ANAPHORA_PENALTY if ANAPHORA.match(statement.text) else 1.0
+    if how_to and statement.code:
+        factor *= COMMAND_BONUS
+    return factor
+
+
+def _with(c: Candidate, semantic: float, value: float) -> Candidate:
+    return replace(c, semantic=semantic, score=round(value, 6))
+
+
+def choose(ranked: list[Candidate], *, semantic: bool) -> list[Candidate]:
+    """The sentences of the answer, in the order they are shown; [] when evidence is weak."""
+    if not ranked:
         return []
-    per_source = [sentences_of(t) for t in texts]
-    all_sentences = [s for sentences in per_source for s in sentences]
-    doc_freq = Counter(t for s in all_sentences for t in set(terms(s)))
-    total = max(len(all_sentences), 1)
-    candidates = []
-    for index, sentences in enumerate(per_source, start=1):
-        for position, sentence in enumerate(sentences):
-            found = wanted & set(terms(sentence))
-            if not found:
+    best = ranked[0]
+    if best.score < (MIN_SCORE if semantic else MIN_LEXICAL_SCORE) or best.lexical == 0.0:
+        return []
+    chosen = [best]
+    length = len(best.text)
+    seen = {_fingerprint(best.text)}
+    covered = {term for term, _ in best.found}
+    for c in ranked[1:]:
+        if len(chosen) == MAX_SENTENCES:
+            break
+        if c.score < SAME_DOCUMENT_FLOOR * best.score:
+            break
+        if c.document not in {x.document for x in chosen}:
+            # Another document joins only if it is not the wrong one of those the question
+            # names, and it answers as well, or answers a part the answer leaves open ("...,
+            # and who approves a 1,500 EUR claim?").
+            if best.named and not c.named:
                 continue
-            # idf-weighted overlap, nudged toward sources retrieval ranked higher.
-            score = sum(math.log(1 + total / doc_freq[t]) for t in found)
-            score *= 1 + 0.1 / index
-            candidates.append(Candidate(index, position, sentence, score))
-    return sorted(candidates, key=lambda c: (-c.score, c.source_index, c.position))
+            adds = sum(share for term, share in c.found if term not in covered)
+            if c.score < OTHER_DOCUMENT_FLOOR * best.score and adds < NEW_PART_SHARE:
+                continue
+        if _fingerprint(c.text) in seen or length + len(c.text) > MAX_ANSWER_CHARS:
+            continue
+        seen.add(_fingerprint(c.text))
+        covered.update(term for term, _ in c.found)
+        chosen.append(c)
+        length += len(c.text)
+    # The best sentence first; the rest as they stand in their documents, this document first.
+    rest = sorted(
+        chosen[1:],
+        key=lambda c: (c.document != best.document, c.source_index, c.statement.position),
+    )
+    return [best, *rest]
 
 
-def compose(request: GenerationRequest) -> str:
+def _fingerprint(text: str) -> frozenset[str]:
+    # Overlapping chunks repeat sentences, sometimes with different surrounding spaces.
+    return frozenset(terms(text))
+
+
+def render(chosen: Sequence[Candidate], *, citations: bool) -> str:
+    parts = []
+    for c in chosen:
+        text = c.text.rstrip()
+        if c.statement.code:
+            body, end = text, "."
+        else:
+            match = re.search(r"[.!]['\"”’)\]]*$", text)
+            body, end = (text[: match.start()], text[match.start() :]) if match else (text, ".")
+        parts.append(f"{body} [{c.source_index}]{end}" if citations else f"{body}{end}")
+    return " ".join(parts)
+
+
+def compose(request: GenerationRequest, embedder: SentenceEmbedder | None = None) -> str:
     if request.retrieval is Retrieval.GATED:
         return GREETING
     if request.retrieval is Retrieval.DISABLED:
         return NO_RETRIEVAL
-    chosen: list[Candidate] = []
-    ranked = rank(request.question, request.source_texts)
-    for candidate in ranked:
-        # Sentences far weaker than the best match are noise, not support.
-        if candidate.score < RELATIVE_FLOOR * ranked[0].score:
-            break
-        if candidate.text not in {c.text for c in chosen}:
-            chosen.append(candidate)
-        if len(chosen) == MAX_SENTENCES:
-            break
+    candidates = candidates_of(request)
+    if not any(c.lexical for c in candidates):
+        return NOTHING_FOUND
+    ranked = score(request.question, candidates, embedder)
+    chosen = choose(ranked, semantic=embedder is not None)
     if not chosen:
         return NOTHING_FOUND
-    chosen.sort(key=lambda c: (c.source_index, c.position))
-    parts = []
-    for c in chosen:
-        sentence = c.text if c.text[-1] in ".!?" else c.text + "."
-        parts.append(
-            f"{sentence[:-1]} [{c.source_index}]{sentence[-1]}" if request.citations else sentence
-        )
-    return " ".join(parts)
+    return render(chosen, citations=request.citations)
 
 
 class ExtractiveGenerator:
     name = "extractive"
 
+    def __init__(self, embedder: SentenceEmbedder | None = None) -> None:
+        # Without an embedder sentences are ranked by shared words alone.
+        self.embedder = embedder
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        answer = compose(request)
+        answer = await asyncio.to_thread(compose, request, self.embedder)
         # Word-sized pieces, so clients see a stream just as they would from a model.
         for piece in re.findall(r"\S+\s*", answer):
             yield TextPiece(piece)

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from services.config import Settings
 from services.llm.base import Generator
-from services.llm.extractive import ExtractiveGenerator
+from services.llm.extractive import ExtractiveGenerator, SentenceEmbedder
 
 
-def create_generator(settings: Settings) -> Generator:
-    """The OpenAI-compatible client when FOOTNOTE_LLM_BASE_URL is set, else extractive."""
+def create_generator(settings: Settings, *, embedder: SentenceEmbedder | None = None) -> Generator:
+    """The OpenAI-compatible client when FOOTNOTE_LLM_BASE_URL is set, else extractive.
+
+    The extractive generator ranks sentences by meaning with embedder (the one retrieval
+    uses), and by shared words alone without one.
+    """
     if not settings.llm_base_url:
-        return ExtractiveGenerator()
+        return ExtractiveGenerator(embedder)
     from services.llm.openai_compat import OpenAIGenerator
 
     return OpenAIGenerator(

@@ -69,6 +69,7 @@ _DRAIN_SECONDS = 1.0
 # Each idle connection in the pool may turn out closed; a fresh one is never retried.
 _MAX_SEND_ATTEMPTS = 3
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+SEED = 0
 # File descriptors kept for everything but upstream connections (database, clients, logs).
 _RESERVED_FILES = 256
 _MAX_DEFAULT_CONNECTIONS = 4096
@@ -331,6 +332,9 @@ def _payload(request: GenerationRequest, model: str) -> dict[str, Any]:
         "stream_options": {"include_usage": True},
         "temperature": request.temperature,
         "max_tokens": request.max_output_tokens,
+        # A fixed seed: servers that honour it (OpenAI, vLLM, llama.cpp, Ollama) then sample
+        # the same answer for the same prompt, even above temperature 0.
+        "seed": SEED,
     }
 
 

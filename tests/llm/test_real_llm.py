@@ -11,7 +11,8 @@ import pytest
 
 from devstack import local_llm as local
 from devstack.local_llm import LocalLLM, LocalLLMError, ModelPart, assemble_model
-from services.citations.context import CITATION_INSTRUCTIONS
+from services.chat.pipeline import CITE_REMINDER, DEFAULT_SYSTEM_PROMPT
+from services.citations import RetrievedChunk, ScoreKind, build_context, build_manifest
 from services.citations.extract import extract
 from services.llm.base import Finished, FinishReason, GenerationRequest, PromptMessage, TextPiece
 from services.llm.openai_compat import OpenAIGenerator
@@ -207,18 +208,29 @@ async def test_cancelling_mid_answer_frees_the_server_slot(
     assert await busy_slots(llama_server.base_url) == 0, "llama-server kept generating"
 
 
+def hit(name: str, text: str, score: float) -> RetrievedChunk:
+    return RetrievedChunk(
+        f"c-{name}", f"d-{name}", name, "text/markdown", 0, text, score, ScoreKind.FUSED
+    )
+
+
+def prompt(question: str, *hits: RetrievedChunk) -> list[PromptMessage]:
+    """The prompt as the chat pipeline builds it: context in the system message, reminder last."""
+    context = build_context(build_manifest(hits))
+    return [
+        PromptMessage("system", f"{DEFAULT_SYSTEM_PROMPT}\n\n{context}"),
+        PromptMessage("user", f"{question}\n\n{CITE_REMINDER}"),
+    ]
+
+
 @pytest.mark.llm
 async def test_an_answer_about_two_sources_cites_both(real_generator: OpenAIGenerator) -> None:
-    sources = [
-        '[1] (Source: "paris.md")\nParis is the capital of France.',
-        '[2] (Source: "tokyo.md")\nTokyo is the capital of Japan.',
-    ]
-    system = "\n\n".join([CITATION_INSTRUCTIONS, *sources])
     request = GenerationRequest(
-        messages=[
-            PromptMessage("system", system),
-            PromptMessage("user", "What are the capitals of France and Japan? Cite your sources."),
-        ],
+        messages=prompt(
+            "What are the capitals of France and Japan?",
+            hit("paris.md", "Paris is the capital of France.", 0.9),
+            hit("tokyo.md", "Tokyo is the capital of Japan.", 0.8),
+        ),
         temperature=0.0,
         max_output_tokens=96,
     )
@@ -228,4 +240,5 @@ async def test_an_answer_about_two_sources_cites_both(real_generator: OpenAIGene
     extraction = extract(answer, n_sources=2)
     assert extraction.referenced_indices == (1, 2), answer
     assert extraction.invalid_indices == (), answer
+    assert "<source" not in answer and "Source:" not in answer, answer
     assert "Paris" in answer and "Tokyo" in answer

@@ -42,8 +42,8 @@ async def test_create_fills_documented_defaults(stub, api_key):
     assert (s.enable_rag, s.enable_citations, s.enable_retrieval_gate) == (True, True, True)
     assert s.citation_link_mode == pb.CITATION_LINK_MODE_NONE
     assert (s.top_k, s.max_sources, s.excerpt_chars) == (8, 10, 200)
-    assert s.score_threshold == 0.0 and s.max_output_tokens == 1024
-    assert s.temperature == pytest.approx(0.2)
+    assert s.score_threshold == 0.0 and s.max_output_tokens == 512
+    assert s.HasField("temperature") and s.temperature == 0.0
     assert created.create_time.seconds > 0 and created.update_time == created.create_time
 
     fetched = await stub.GetAssistant(

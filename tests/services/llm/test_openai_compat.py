@@ -327,6 +327,7 @@ async def test_streams_pieces_then_one_finished_with_the_server_usage(
         "stream_options": {"include_usage": True},
         "temperature": 0.1,
         "max_tokens": 64,
+        "seed": 0,
     }
 
 

@@ -1,0 +1,263 @@
+"""The extractive generator: statements, ranking by meaning and words, abstention, determinism."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from services.citations import CitationSource, SourceLocation
+from services.llm.base import GenerationRequest, Retrieval
+from services.llm.extractive import (
+    MAX_ANSWER_CHARS,
+    MAX_SENTENCES,
+    NOTHING_FOUND,
+    ExtractiveGenerator,
+    compose,
+    terms,
+)
+from services.llm.sentences import is_statement, statements_of
+from services.retrieval.embeddings import create_embedder
+
+# Excerpts of real texts: the Apache License 2.0, the GPL 3, and Clippy's README.
+APACHE_WARRANTY = """7. Disclaimer of Warranty. Unless required by applicable law or
+      agreed to in writing, Licensor provides the Work (and each
+      Contributor provides its Contributions) on an "AS IS" BASIS,
+      WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or
+      implied, including, without limitation, any warranties or conditions
+      of TITLE, NON-INFRINGEMENT, MERCHANTABILITY, or FITNESS FOR A
+      PARTICULAR PURPOSE. You are solely responsible for determining the
+      appropriateness of using or redistributing the Work and assume any
+      risks associated with Your exercise of permissions under this License.
+
+   8. Limitation of Liability. In no event and under no legal theory,"""
+GPL_TERMINATION = """them to use, propagate and modify the work.
+
+  8. Termination.
+
+  You may not propagate or modify a covered work except as expressly
+provided under this License.  Any attempt otherwise to propagate or
+modify it is void, and will automatically terminate your rights under
+this License (including any patent licenses granted under the third
+paragraph of section 11).
+
+  However, if you cease all violation of this License, then your
+license from a particular copyright holder is reinstated (a)
+provisionally, unless and until the copyright holder explicitly and
+finally terminates your license, and (b) permanently, if the copyright
+holder fails to notify you of the violation by some reasonable means
+prior to 60 days after the cessation."""
+CLIPPY = """#### Step 2: Install Clippy
+
+Once you have rustup and the latest stable release (at least Rust 1.29) installed, run the
+following command:
+
+```terminal
+rustup component add clippy
+```
+
+If it says that it can't find the `clippy` component, please run `rustup self update`.
+
+| Category              | Description                              | Default level |
+|-----------------------|------------------------------------------|---------------|
+| `clippy::correctness` | code that is outright wrong or useless   | **deny**      |
+"""
+KITCHEN = "# Kitchen\n\nThe espresso machine is descaled every Friday. Oat milk is on the shelf.\n"
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return create_embedder()
+
+
+def source(index: int, name: str) -> CitationSource:
+    return CitationSource(
+        index=index,
+        chunk_id=f"c{index}",
+        chunk_index=0,
+        document_id=f"d-{name}",
+        document_name=name,
+        content_type="text/plain",
+        location=SourceLocation(),
+        excerpt="",
+        score=0.5,
+    )
+
+
+def request(question: str, *docs: tuple[str, str], citations: bool = True) -> GenerationRequest:
+    return GenerationRequest(
+        messages=(),
+        sources=[source(i, name) for i, (name, _) in enumerate(docs, start=1)],
+        source_texts=[text for _, text in docs],
+        question=question,
+        citations=citations,
+    )
+
+
+def cited(answer: str) -> list[int]:
+    return [int(n) for n in re.findall(r"\[(\d+)\]", answer)]
+
+
+def test_statements_skip_headings_tables_fragments_and_cut_clauses() -> None:
+    texts = [s.text for s in statements_of(GPL_TERMINATION)]
+    assert texts[0].startswith("You may not propagate or modify a covered work")
+    # The chunk opens mid-sentence ("them to use, ..."); "8. Termination." is a heading.
+    assert not any(t.startswith(("them", "Termination", "8.")) for t in texts)
+    # One sentence, though nupunkt splits "(a) provisionally" and "(b) permanently" apart.
+    assert any(t.startswith("However, if you cease") and t.endswith("cessation.") for t in texts)
+    clippy = [s.text for s in statements_of(CLIPPY)]
+    assert not any("clippy::correctness" in t or "Default level" in t for t in clippy)
+    assert not any(t.endswith(":") for t in clippy)
+    # The block that ends the apache chunk mid-sentence gives no statement.
+    assert not any("In no event" in s.text for s in statements_of(APACHE_WARRANTY))
+
+
+def test_a_command_stays_with_the_sentence_that_introduces_it() -> None:
+    [command] = [s for s in statements_of(CLIPPY) if s.code]
+    assert command.text.endswith("run the following command: `rustup component add clippy`")
+    assert "Install Clippy" in command.match_text
+
+
+def test_legal_abbreviations_and_numbering_do_not_split_sentences() -> None:
+    text = (
+        '1.1. "Contributor" means each individual or legal entity that creates Covered '
+        "Software, see Sec. 3 and 17 U.S.C. § 101 et seq. for details. The Work (e.g. a "
+        "library) is covered [7]."
+    )
+    assert [s.text for s in statements_of(text)] == [
+        '"Contributor" means each individual or legal entity that creates Covered Software, '
+        "see Sec. 3 and 17 U.S.C. § 101 et seq. for details.",
+        "The Work (e.g. a library) is covered (7).",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("sentence", "expected"),
+    [
+        ("TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION.", False),
+        ("APPENDIX: How to apply the Apache License to your work.", False),
+        ("What is the Apache License?", False),
+        ("How To Apply These Terms To Your New Programs.", False),
+        ("Run the following command:", False),
+        ("Unused days expire at the end of March.", True),
+    ],
+)
+def test_what_reads_as_a_statement(sentence: str, expected: bool) -> None:
+    assert is_statement(sentence) is expected
+
+
+def test_light_stemming_meets_plural_and_singular() -> None:
+    assert set(terms("warranties")) == set(terms("Warranty"))
+    answer = compose(request("Is there a warranty?", ("apache.txt", APACHE_WARRANTY)))
+    assert cited(answer) == [1] and "WITHOUT WARRANTIES" in answer
+
+
+def test_the_answering_document_comes_first_and_alone(embedder) -> None:
+    req = request(
+        "When does the license terminate?",
+        ("kitchen.md", KITCHEN),
+        ("apache.txt", APACHE_WARRANTY),
+        ("gpl-3.txt", GPL_TERMINATION),
+    )
+    answer = compose(req, embedder)
+    first = answer.split(" [")[0]
+    assert "terminate" in first and first in GPL_TERMINATION.replace("\n", " ").replace("  ", " ")
+    assert set(cited(answer)) == {3}, answer
+
+
+def test_an_install_question_gets_the_command(embedder) -> None:
+    answer = compose(
+        request("How do I install Clippy?", ("gpl-3.txt", GPL_TERMINATION), ("clippy.md", CLIPPY)),
+        embedder,
+    )
+    assert "`rustup component add clippy` [2]." in answer
+    assert answer.index("rustup component add clippy") < 200
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        "What is the capital of Australia?",
+        "How many vacation days do employees get per year?",
+        "What is the maximum file size for uploads?",
+    ],
+)
+def test_weak_evidence_answers_that_the_documents_do_not_say(embedder, question) -> None:
+    docs = (("apache.txt", APACHE_WARRANTY), ("gpl-3.txt", GPL_TERMINATION), ("clippy.md", CLIPPY))
+    assert compose(request(question, *docs), embedder) == NOTHING_FOUND
+    assert compose(request(question, *docs)) == NOTHING_FOUND
+
+
+def test_length_is_capped(embedder) -> None:
+    long = " ".join(
+        f"Clause {n} says the licence terminates on breach number {n}." for n in range(30)
+    )
+    answer = compose(request("When does the licence terminate?", ("long.txt", long)), embedder)
+    assert 1 <= len(cited(answer)) <= MAX_SENTENCES
+    assert len(answer) <= MAX_ANSWER_CHARS + 20 * MAX_SENTENCES
+
+
+def test_without_citations_there_are_no_markers(embedder) -> None:
+    req = request("Is there a warranty?", ("apache.txt", APACHE_WARRANTY), citations=False)
+    answer = compose(req, embedder)
+    assert "WITHOUT WARRANTIES" in answer and "[" not in answer
+
+
+def test_markers_inside_documents_never_become_citations(embedder) -> None:
+    text = "The espresso machine is descaled every Friday [7]. See also [1][2] and 【3】."
+    answer = compose(request("When is the espresso machine descaled?", ("k.md", text)), embedder)
+    assert cited(answer) == [1]
+    assert "Friday (7) [1]." in answer
+
+
+async def test_the_same_question_gives_the_same_answer(embedder) -> None:
+    docs = (("kitchen.md", KITCHEN), ("apache.txt", APACHE_WARRANTY), ("clippy.md", CLIPPY))
+    req = request("What does the license say about warranties?", *docs)
+    answers = set()
+    for _ in range(3):
+        generator = ExtractiveGenerator(embedder)
+        answers.add("".join([e.text async for e in generator.generate(req) if hasattr(e, "text")]))
+    [answer] = answers
+    assert set(cited(answer)) == {2}
+
+
+def test_greeting_and_disabled_retrieval_are_not_answers() -> None:
+    gated = GenerationRequest(messages=(), question="Hi!", retrieval=Retrieval.GATED)
+    assert "[" not in compose(gated) and compose(gated) != NOTHING_FOUND
+
+
+def test_list_items_of_legal_text_are_statements() -> None:
+    text = (
+        "You may reproduce and distribute copies of the Work provided that You meet the "
+        "following conditions:\n\n      (a) You must give any other recipients of the Work or\n"
+        "          Derivative Works a copy of this License; and\n\n"
+        "      (b) You must cause any modified files to carry prominent notices; and\n"
+    )
+    texts = [s.text for s in statements_of(text)]
+    assert texts == [
+        "You must give any other recipients of the Work or Derivative Works a copy of this "
+        "License.",
+        "You must cause any modified files to carry prominent notices.",
+    ]
+
+
+def test_another_document_joins_for_the_part_of_the_question_it_answers(embedder) -> None:
+    travel = (
+        "## Per diem\n\nEmployees receive a per diem of 45 EUR for each full day of travel, and "
+        "25 EUR for the day of departure and the day of return.\n"
+    )
+    expenses = (
+        "Approval\n\nYour manager approves claims up to 1,000 EUR. Claims above 1,000 EUR also "
+        "need the approval of the finance team, which answers within five working days.\n"
+    )
+    answer = compose(
+        request(
+            "How much is the per diem on the day of departure, and who approves a 1,500 EUR claim?",
+            ("travel.md", travel),
+            ("kitchen.md", KITCHEN),
+            ("expenses.html", expenses),
+        ),
+        embedder,
+    )
+    assert answer.startswith("Employees receive a per diem"), answer
+    assert set(cited(answer)) == {1, 3} and "finance team" in answer
