@@ -61,6 +61,19 @@ class Outcome:
     cited: tuple[int, ...]
     answer: str = ""
     error: str = ""
+    # The answer's cited sentences, as (start, end) code-point ranges of answer.
+    spans: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def cited_share(self) -> float:
+        """The share of the answer's characters that sit inside a cited span."""
+        covered, reach = 0, 0
+        for start, end in sorted(self.spans):
+            start = max(start, reach)
+            if end > start:
+                covered += end - start
+                reach = end
+        return covered / len(self.answer) if self.answer else 0.0
 
     @property
     def cited_sources(self) -> tuple[SourceView, ...]:
@@ -214,6 +227,19 @@ def retrieval_location_recall(outcomes: Sequence[Outcome]) -> float | None:
     return _mean(o.retrieved_location_rank > 0 for o in _answerable(outcomes))
 
 
+def _answered(outcomes: Sequence[Outcome]) -> list[Outcome]:
+    return [o for o in _answerable(outcomes) if not o.abstained]
+
+
+def cited_share_mean(outcomes: Sequence[Outcome]) -> float | None:
+    return _mean(o.cited_share for o in _answered(outcomes))
+
+
+def cited_share_min(outcomes: Sequence[Outcome]) -> float | None:
+    shares = [o.cited_share for o in _answered(outcomes)]
+    return min(shares) if shares else None
+
+
 def verdict_agreement(outcomes: Sequence[Outcome]) -> float | None:
     """Reserved: agreement of the evidence verdicts with eval/claims.jsonl (not yet computed)."""
     return None
@@ -248,6 +274,16 @@ METRICS: tuple[Metric, ...] = (
         "abstention",
         "no-answer questions answered without any citation",
         abstention,
+    ),
+    Metric(
+        "cited_share_mean",
+        "of each answered question's answer, the share of its text inside cited spans (mean)",
+        cited_share_mean,
+    ),
+    Metric(
+        "cited_share_min",
+        "the same share for the least-cited answer",
+        cited_share_min,
     ),
     Metric(
         "verdict_agreement",

@@ -136,7 +136,11 @@ def ask(channel: object, conn: object, assistant: str, question: Question) -> Ou
         for s in citations.sources
     )
     return Outcome(
-        question, sources, tuple(citations.referenced_indices), answer=response.message.content
+        question,
+        sources,
+        tuple(citations.referenced_indices),
+        answer=response.message.content,
+        spans=tuple((span.start, span.end) for span in citations.spans),
     )
 
 

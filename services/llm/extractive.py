@@ -55,7 +55,7 @@ NEW_PART_SHARE = 0.2
 # READMEs, half of which the documents cannot answer (docs/llm.md, "Calibration").
 SEMANTIC_WEIGHT = 0.65
 LEXICAL_WEIGHT = 0.35
-MIN_SCORE = 0.42
+MIN_SCORE = 0.37
 MIN_LEXICAL_SCORE = 0.5  # without an embedder: the share of the question's weight matched
 CONTEXT_SHARE = 0.5
 # A sentence that opens by pointing back ("This will...", "It also...") reads poorly alone.

@@ -67,6 +67,20 @@ def test_metrics() -> None:
     assert [q["retrieved_location_rank"] for q in report.questions] == [1, 0, 0, 0]
 
 
+def test_cited_share_counts_overlapping_spans_once() -> None:
+    question = Question("q", "?", (TXT,), False)
+    answer = "First claim [1]. Second claim [1]. Uncited tail."
+    full = Outcome(question, (), (1,), answer=answer, spans=((0, 16), (17, 34)))
+    overlapping = Outcome(question, (), (1,), answer=answer, spans=((0, 16), (5, 16)))
+    assert full.cited_share == pytest.approx(33 / len(answer))
+    assert overlapping.cited_share == pytest.approx(16 / len(answer))
+    report = score(
+        [full, overlapping, Outcome(question, (), (), answer="The documents do not say.")]
+    )
+    assert report.metrics["cited_share_min"] == pytest.approx(16 / len(answer))
+    assert report.metrics["cited_share_mean"] == pytest.approx((33 + 16) / 2 / len(answer))
+
+
 def test_load_questions_checks_every_line(tmp_path: Path) -> None:
     good = {"id": "q1", "question": "Q?", "answer": [{"document": "a.txt", "start_line": 3}]}
     path = tmp_path / "q.jsonl"
