@@ -47,7 +47,8 @@ ANSWER = [
     "Do you want to know more?",  # a question back, not a claim
 ]
 QUESTION = "Tell me about these cities"
-_SOURCE = re.compile(r'\[(\d+)\] \(Source: "([^"]+)"')
+# The prompt gives each source as <source id="N" title="name" ...>.
+_SOURCE = re.compile(r'<source id="(\d+)" title="([^"]+)"')
 
 
 class Upstream:
