@@ -192,33 +192,27 @@ def download(
     return written, digest.hexdigest()
 
 
-def location_parts(source: citations_pb2.CitationSource) -> list[str]:
-    """What is known of where a source sits: pages, lines, paragraphs, "§Heading > Sub"."""
-    loc = source.location
+def location_parts(loc: citations_pb2.SourceLocation) -> list[str]:
+    """What is known of where a passage sits: pages, lines, paragraphs, "§Heading > Sub"."""
     parts = []
     if loc.page_start:
-        pages = (
-            loc.page_start
-            if loc.page_end in (0, loc.page_start)
-            else f"{loc.page_start}-{loc.page_end}"
-        )
-        parts.append(f"p. {pages}")
+        parts.append(f"p. {_range(loc.page_start, loc.page_end)}")
     if loc.start_line:
-        parts.append(f"lines {loc.start_line}-{loc.end_line}")
+        word = "line" if loc.end_line in (0, loc.start_line) else "lines"
+        parts.append(f"{word} {_range(loc.start_line, loc.end_line)}")
     if loc.paragraph_start:
-        paragraphs = (
-            loc.paragraph_start
-            if loc.paragraph_end in (0, loc.paragraph_start)
-            else f"{loc.paragraph_start}-{loc.paragraph_end}"
-        )
-        parts.append(f"¶ {paragraphs}")
-    if loc.heading_path:
-        parts.append("§" + " > ".join(loc.heading_path))
+        parts.append(f"¶ {_range(loc.paragraph_start, loc.paragraph_end)}")
+    if loc.heading_path or loc.heading:
+        parts.append("§" + (" > ".join(loc.heading_path) or loc.heading))
     return parts
 
 
+def _range(start: int, end: int) -> str:
+    return str(start) if end in (0, start) else f"{start}-{end}"
+
+
 def describe_location(source: citations_pb2.CitationSource) -> str:
-    return ", ".join(location_parts(source))
+    return ", ".join(location_parts(source.location))
 
 
 def stream_answer(
@@ -272,7 +266,7 @@ def styled_sources_lines(citations: citations_pb2.Citations) -> list[str]:
     for source in cited_sources(citations):
         line = f"[{source.index}] {source.formatted or source.document_name}"
         # The style may already say where the source sits or link to it; say the rest.
-        where = [part for part in location_parts(source) if part not in source.formatted]
+        where = [part for part in location_parts(source.location) if part not in source.formatted]
         if where:
             line += "\n    " + ", ".join(where)
         if source.stale:

@@ -3,6 +3,7 @@ claims that cite nothing. `footnote ask` prints them after the answer and its so
 
 from __future__ import annotations
 
+from footnote.client import location_parts
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import citations_pb2 as cpb
 
@@ -46,23 +47,7 @@ def evidence_lines(response: pb.CompleteResponse) -> list[str]:
 
 
 def _where(loc: cpb.SourceLocation) -> str:
-    parts = []
-    if loc.page_start:
-        pages = (
-            loc.page_start
-            if loc.page_end in (0, loc.page_start)
-            else f"{loc.page_start}-{loc.page_end}"
-        )
-        parts.append(f"p. {pages}")
-    if loc.start_line:
-        lines = (
-            loc.start_line
-            if loc.end_line in (0, loc.start_line)
-            else f"{loc.start_line}-{loc.end_line}"
-        )
-        parts.append(f"line {lines}")
-    if loc.heading:
-        parts.append(f"§{loc.heading}")
+    parts = location_parts(loc)
     return (", " + ", ".join(parts)) if parts else ""
 
 
