@@ -167,13 +167,8 @@ async def decoded(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         yield request
 
 
-def wrap_handler(
-    handler: grpc.RpcMethodHandler,
-    method: str,
-    before: Callable[[grpc.aio.ServicerContext], Awaitable[None]] | None = None,
-) -> grpc.RpcMethodHandler:
-    """Runs `before` and turns exceptions into statuses, for all four kinds of handler."""
-
+def handler_parts(handler: grpc.RpcMethodHandler) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The behaviour a handler wraps, and the factory that builds a handler of the same kind."""
     if handler.request_streaming and handler.response_streaming:
         inner, factory = handler.stream_stream, grpc.stream_stream_rpc_method_handler
     elif handler.request_streaming:
@@ -182,6 +177,16 @@ def wrap_handler(
         inner, factory = handler.unary_stream, grpc.unary_stream_rpc_method_handler
     else:
         inner, factory = handler.unary_unary, grpc.unary_unary_rpc_method_handler
+    return inner, factory
+
+
+def wrap_handler(
+    handler: grpc.RpcMethodHandler,
+    method: str,
+    before: Callable[[grpc.aio.ServicerContext], Awaitable[None]] | None = None,
+) -> grpc.RpcMethodHandler:
+    """Runs `before` and turns exceptions into statuses, for all four kinds of handler."""
+    inner, factory = handler_parts(handler)
 
     if handler.response_streaming:
 

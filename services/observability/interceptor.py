@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.observability.metrics import RPC_DURATION, RPC_IN_FLIGHT, RPC_REQUESTS
 from services.observability.tracing import tracer
+from services.rpc import handler_parts, principal
 
 log = logging.getLogger("footnote.rpc")
 
@@ -80,8 +81,6 @@ def final_code(context: grpc.aio.ServicerContext, exc: BaseException | None) -> 
 
 def caller_tenant() -> str:
     # Set by the authentication interceptor inside this call's context.
-    from services.rpc import principal
-
     try:
         return principal().tenant_id
     except LookupError:
@@ -178,14 +177,7 @@ def finish(
 
 def observed_handler(handler: grpc.RpcMethodHandler, method: Method) -> grpc.RpcMethodHandler:
     """The same handler, run inside observed_call, for all four kinds of RPC."""
-    if handler.request_streaming and handler.response_streaming:
-        inner, factory = handler.stream_stream, grpc.stream_stream_rpc_method_handler
-    elif handler.request_streaming:
-        inner, factory = handler.stream_unary, grpc.stream_unary_rpc_method_handler
-    elif handler.response_streaming:
-        inner, factory = handler.unary_stream, grpc.unary_stream_rpc_method_handler
-    else:
-        inner, factory = handler.unary_unary, grpc.unary_unary_rpc_method_handler
+    inner, factory = handler_parts(handler)
 
     if handler.response_streaming:
 
