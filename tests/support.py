@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import io
+import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
+from aiohttp import web
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
@@ -98,3 +101,26 @@ def stored_document(db, storage, tenant: str, data: bytes, name: str) -> str:
         )
     )
     return str(doc_id)
+
+
+def sse(payload: dict) -> bytes:
+    """One server-sent event of an OpenAI-compatible stream."""
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+@contextlib.asynccontextmanager
+async def scripted_upstream(
+    completions: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    """A real HTTP server answering /v1/chat/completions with `completions`; yields its base URL."""
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        await runner.cleanup()

@@ -7,7 +7,6 @@ through the generator, the marker buffer, the gRPC stream and the final Citation
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import AsyncIterator
 
@@ -22,7 +21,7 @@ from footnote.v1 import citations_pb2 as cpb
 from footnote.v1 import documents_service_pb2_grpc as dpb_grpc
 from services.chat.pipeline import CITE_REMINDER
 from tests.conftest import running_server
-from tests.support import bearer, error_info, ingest
+from tests.support import bearer, error_info, ingest, scripted_upstream, sse
 
 pytestmark = pytest.mark.usefixtures("worker")
 
@@ -109,22 +108,11 @@ def obey(system: str) -> list[str]:
     return [memo[0].replace("\n", " ")]
 
 
-def sse(payload: dict) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()
-
-
 @pytest.fixture(scope="module")
 async def upstream() -> AsyncIterator[tuple[Upstream, str]]:
     fake = Upstream()
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", fake.completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    yield fake, f"http://127.0.0.1:{port}/v1"
-    await runner.cleanup()
+    async with scripted_upstream(fake.completions) as base_url:
+        yield fake, base_url
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ point where the script says: at the right source, the wrong one, or none at all.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import AsyncIterator
 
@@ -22,7 +21,7 @@ from footnote.v1 import conversations_service_pb2 as hpb
 from footnote.v1 import conversations_service_pb2_grpc as hpb_grpc
 from footnote.v1 import documents_service_pb2_grpc as dpb_grpc
 from tests.conftest import running_server
-from tests.support import bearer, ingest
+from tests.support import bearer, ingest, scripted_upstream, sse
 
 pytestmark = pytest.mark.usefixtures("worker")
 
@@ -77,22 +76,11 @@ class Upstream:
         return response
 
 
-def sse(payload: dict) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()
-
-
 @pytest.fixture(scope="module")
 async def upstream() -> AsyncIterator[tuple[Upstream, str]]:
     fake = Upstream()
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", fake.completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    yield fake, f"http://127.0.0.1:{port}/v1"
-    await runner.cleanup()
+    async with scripted_upstream(fake.completions) as base_url:
+        yield fake, base_url
 
 
 @pytest.fixture(scope="module")
