@@ -94,19 +94,32 @@ class Settings(BaseSettings):
         return value
 
 
+def _cgroup_cpu_limit() -> int | None:
+    # A container's CPU limit: cgroup v2's cpu.max ("max 100000" when unlimited), else v1's.
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text().strip()
+            period = Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    try:
+        if quota == "max" or int(quota) <= 0:
+            return None
+        return max(1, math.ceil(int(quota) / int(period)))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
 def available_cpus() -> int:
-    """CPUs this process may use: its affinity, capped by a cgroup v2 CPU limit (containers)."""
+    """CPUs this process may use: its affinity, capped by a container's cgroup CPU limit."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, cpus)
+    limit = _cgroup_cpu_limit()
+    return max(1, min(cpus, limit) if limit else cpus)
 
 
 def pool_embedding_threads(concurrency: int, cpus: int | None = None) -> int:
