@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -36,6 +38,10 @@ class Settings(BaseSettings):
     embeddings_model: str | None = None
     embeddings_api_key: str | None = None
     embeddings_dim: int | None = None
+    # Threads of the local embedding model (onnxruntime's intra-op pool) per process. 0 means
+    # onnxruntime's default, one per core of the machine; `footnote worker --concurrency N`
+    # gives each pool process max(1, cores // N) instead, so that N processes share the cores.
+    embedding_threads: int = Field(default=0, ge=0)
 
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 50051
@@ -86,6 +92,39 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return value.strip().lower() or None
         return value
+
+
+def _cgroup_cpu_limit() -> int | None:
+    # A container's CPU limit: cgroup v2's cpu.max ("max 100000" when unlimited), else v1's.
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text().strip()
+            period = Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    try:
+        if quota == "max" or int(quota) <= 0:
+            return None
+        return max(1, math.ceil(int(quota) / int(period)))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def available_cpus() -> int:
+    """CPUs this process may use: its affinity, capped by a container's cgroup CPU limit."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    limit = _cgroup_cpu_limit()
+    return max(1, min(cpus, limit) if limit else cpus)
+
+
+def pool_embedding_threads(concurrency: int, cpus: int | None = None) -> int:
+    """Embedding threads for each of a worker's concurrency processes sharing cpus CPUs."""
+    return max(1, (cpus or available_cpus()) // max(1, concurrency))
 
 
 @lru_cache(maxsize=1)

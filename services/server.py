@@ -102,6 +102,7 @@ class Deps:
             model=settings.embeddings_model,
             api_key=settings.embeddings_api_key,
             dim=settings.embeddings_dim,
+            threads=settings.embedding_threads,
         )
         generator = create_generator(settings, embedder=embedder)
         return cls(

@@ -40,6 +40,7 @@ class Resources:
             model=s.embeddings_model,
             api_key=s.embeddings_api_key,
             dim=s.embeddings_dim,
+            threads=s.embedding_threads,
         )
 
 

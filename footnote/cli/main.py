@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -126,8 +127,17 @@ def worker(
     ] = "ingest,links",
     concurrency: Annotated[int, typer.Option(help="Worker processes.")] = 2,
 ) -> None:
-    """Run a Celery worker for the given queues; it migrates the schema first."""
+    """Run a Celery worker for the given queues; it migrates the schema first.
+
+    Unless FOOTNOTE_EMBEDDING_THREADS is set, each pool process runs the local embedding model
+    on max(1, CPUs // concurrency) threads, so that the processes do not oversubscribe the CPUs.
+    """
+    from services.config import pool_embedding_threads
     from services.db import migrate as migrations
+
+    if "FOOTNOTE_EMBEDDING_THREADS" not in os.environ:
+        # Before workers.app reads the settings; the pool processes inherit the environment.
+        os.environ["FOOTNOTE_EMBEDDING_THREADS"] = str(pool_embedding_threads(concurrency))
     from workers.app import app as celery_app
 
     settings = Settings()

@@ -83,14 +83,19 @@ def create_embedder(
     dim: int | None = None,
     batch_size: int = 32,
     timeout: float = 30.0,
+    threads: int = 0,
 ) -> Embedder:
     """The local model when base_url is unset, else a client of that OpenAI-compatible server.
 
     For a server, dim defaults to the local model's (384) and every response is checked against
     it, so a model that does not fit the vector column fails loudly instead of being stored.
+    threads is the local model's onnxruntime thread count (0: onnxruntime's default, one per
+    core); a server ignores it.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    if threads < 0:
+        raise ValueError("threads must be 0 (onnxruntime's default) or a positive count")
     if dim is not None and dim < 1:
         raise ValueError("dim must be a positive number of dimensions")
     if not base_url:
@@ -101,7 +106,7 @@ def create_embedder(
             )
         if dim not in (None, LOCAL_DIM):
             raise ValueError(f"the local embedding model has {LOCAL_DIM} dimensions, not {dim}")
-        return LocalEmbedder(batch_size=batch_size)
+        return LocalEmbedder(batch_size=batch_size, threads=threads)
     return OpenAIEmbedder(
         base_url=base_url,
         model=model or None,
@@ -201,7 +206,23 @@ def local_model_files() -> tuple[Path, Path]:
     )
 
 
-def _load_model() -> _LoadedModel:
+def session_options(threads: int = 0) -> onnxruntime.SessionOptions:
+    """The local model's session options; threads > 0 caps the intra-op pool at that many."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    # Idle threads sleep instead of spinning: the same process also serves gRPC or Celery.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if threads > 0:
+        # 0 lets onnxruntime start one thread per core of the machine (not of a container's CPU
+        # limit), so N processes on the same cores would run N times too many threads.
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    return options
+
+
+def _load_model(threads: int = 0) -> _LoadedModel:
     global _model
     loaded = _model
     if loaded is not None:
@@ -224,42 +245,49 @@ def _load_model() -> _LoadedModel:
         tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_path))
         tokenizer.enable_truncation(max_length=MAX_INPUT_TOKENS)
         tokenizer.no_padding()
-        options = onnxruntime.SessionOptions()
-        options.log_severity_level = 3
-        # Idle threads sleep instead of spinning: the same process also serves gRPC or Celery.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = onnxruntime.InferenceSession(
-            str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+            str(model_path),
+            sess_options=session_options(threads),
+            providers=["CPUExecutionProvider"],
         )
         inputs = {i.name for i in session.get_inputs()}
         loaded = _LoadedModel(session, tokenizer, "token_type_ids" in inputs)
         _model = loaded
-        log.info("loaded the local embedding model %s from %s", LOCAL_MODEL, model_path)
+        log.info(
+            "loaded the local embedding model %s from %s (%s threads)",
+            LOCAL_MODEL,
+            model_path,
+            threads or "onnxruntime's default",
+        )
         return loaded
 
 
 class LocalEmbedder:
     """all-MiniLM-L6-v2 (int8 weights) on onnxruntime: mean pooling, then L2 normalisation.
 
-    The model loads on first use, once per process, and is shared by every instance. Calls are
+    The model loads on first use, once per process, and is shared by every instance: the first
+    instance to load it picks its thread count (0: onnxruntime's default). Calls are
     thread-safe. A text's vector does not depend on the batch it was embedded in.
     """
 
     name = LOCAL_MODEL
     dim = LOCAL_DIM
 
-    def __init__(self, *, batch_size: int = 32) -> None:
+    def __init__(self, *, batch_size: int = 32, threads: int = 0) -> None:
+        if threads < 0:
+            raise ValueError("threads must be 0 (onnxruntime's default) or a positive count")
         self.batch_size = batch_size
+        self.threads = threads
 
     def load(self) -> None:
         """Load the model now rather than on the first call (e.g. at worker start)."""
-        _load_model()
+        _load_model(self.threads)
 
     def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
         _check_texts(texts)
         if not texts:
             return []
-        model = _load_model()
+        model = _load_model(self.threads)
         encodings = [model.tokenizer.encode(text) for text in texts]
         vectors: list[list[float]] = [[] for _ in texts]
         for batch in self._batches([len(e.ids) for e in encodings]):

@@ -407,3 +407,59 @@ def test_embeddings_url() -> None:
     assert embeddings_url("http://tei:8080/v1") == "http://tei:8080/v1/embeddings"
     assert embeddings_url("http://h/openai/v1/") == "http://h/openai/v1/embeddings"
     assert embeddings_url("http://h/v1/embeddings") == "http://h/v1/embeddings"
+
+
+# --- the local model's thread count ------------------------------------------------------------
+
+
+def test_session_options_carry_the_thread_count() -> None:
+    from services.retrieval.embeddings import session_options
+
+    capped = session_options(3)
+    assert (capped.intra_op_num_threads, capped.inter_op_num_threads) == (3, 1)
+    default = session_options(0)
+    assert default.intra_op_num_threads == 0  # onnxruntime picks: one per core
+    with pytest.raises(ValueError, match="threads"):
+        create_embedder(threads=-1)
+
+
+_WORKER_SESSION_THREADS = """
+from services.config import get_settings
+from workers.resources import Resources
+from services.retrieval import embeddings
+Resources(get_settings()).embedder.load()
+options = embeddings._model.session.get_session_options()
+print(options.intra_op_num_threads, options.inter_op_num_threads)
+"""
+
+
+@pytest.mark.parametrize(("setting", "expected"), [("1", "1 1"), ("2", "2 1"), (None, "0 ")])
+def test_the_setting_reaches_the_worker_s_onnx_session(
+    setting: str | None, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The model is loaded once per process, so each setting gets a fresh interpreter.
+    monkeypatch.delenv("FOOTNOTE_EMBEDDING_THREADS", raising=False)
+    if setting is not None:
+        monkeypatch.setenv("FOOTNOTE_EMBEDDING_THREADS", setting)
+    result = subprocess.run(
+        [sys.executable, "-c", _WORKER_SESSION_THREADS],
+        cwd=Path(__file__).resolve().parents[3],
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(expected)
+
+
+def test_pool_processes_share_the_cpus() -> None:
+    from services.config import Settings, available_cpus, pool_embedding_threads
+
+    assert pool_embedding_threads(1, cpus=2) == 2
+    assert pool_embedding_threads(2, cpus=2) == 1
+    assert pool_embedding_threads(4, cpus=2) == 1
+    assert pool_embedding_threads(2, cpus=8) == 4
+    assert pool_embedding_threads(1) == available_cpus() >= 1
+    assert Settings(embedding_threads=3).embedding_threads == 3
+    with pytest.raises(ValueError):
+        Settings(embedding_threads=-1)
