@@ -87,8 +87,12 @@ def test_a_killed_child_is_reaped_restarted_and_counted(stack_dir, settings):
         new = wait_for(
             lambda: (p := stack.pids().get("sleeper")) and p != old and p, 10, "a restart"
         )
+        # The new child is visible a moment before the supervisor counts and records it.
+        recorded = wait_for(
+            lambda: (s := status(stack_dir)["sleeper"])["restarts"] and s, 10, "the status file"
+        )
         assert supervisor.restarts["sleeper"] == 1
-        assert status(stack_dir)["sleeper"] == {"pid": new, "restarts": 1}
+        assert recorded == {"pid": new, "restarts": 1}
         # Reaped: the dead child is not left behind as a zombie.
         assert not psutil.pid_exists(old) or psutil.Process(old).ppid() != os.getpid()
         assert fatal == []
