@@ -18,6 +18,7 @@ from footnote.cli.connection import (
 )
 from footnote.cli.output import (
     enum_name,
+    print_deleted,
     print_json,
     print_record,
     print_table,
@@ -332,7 +333,4 @@ def delete(
         client.assistants.DeleteAssistant(
             apb.DeleteAssistantRequest(id=assistant_id), metadata=client.metadata
         )
-    if as_json:
-        print_json({"id": assistant_id, "deleted": True})
-    else:
-        typer.echo(f"deleted assistant {assistant_id}")
+    print_deleted("assistant", assistant_id, as_json)

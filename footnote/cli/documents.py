@@ -27,6 +27,7 @@ from footnote.cli.connection import (
 from footnote.cli.output import (
     enum_name,
     message_to_dict,
+    print_deleted,
     print_json,
     print_record,
     print_table,
@@ -167,10 +168,7 @@ def delete(
         client.documents.DeleteDocument(
             dpb.DeleteDocumentRequest(id=document_id), metadata=client.metadata
         )
-    if as_json:
-        print_json({"id": document_id, "deleted": True})
-    else:
-        typer.echo(f"deleted document {document_id}")
+    print_deleted("document", document_id, as_json)
 
 
 @app.command()

@@ -38,6 +38,14 @@ def print_json(data: Message | dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def print_deleted(kind: str, resource_id: str, as_json: bool) -> None:
+    """What a delete command prints once the server has deleted the resource."""
+    if as_json:
+        print_json({"id": resource_id, "deleted": True})
+    else:
+        print(f"deleted {kind} {resource_id}")
+
+
 def timestamp(ts: timestamp_pb2.Timestamp | None) -> str:
     """RFC 3339 in UTC to the second, or "" for an unset time."""
     if ts is None or (ts.seconds == 0 and ts.nanos == 0):
