@@ -91,14 +91,20 @@ def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     return [p for p in still if is_alive(p)]
 
 
+def names_of(procs: list[psutil.Process]) -> set[str]:
+    """The names of the processes still running; a short-lived child (a postgres backend,
+    say) may exit while we look."""
+    names = set()
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            names.add(proc.name())
+    return names
+
+
 def test_dev_starts_serves_stops_and_keeps_data(dev_state):
     first = DevProcess(dev_state)
     children = first.descendants()
-    names = set()
-    for child in children:
-        # A short-lived child (a postgres backend, say) may exit while we look.
-        with contextlib.suppress(psutil.NoSuchProcess):
-            names.add(child.name())
+    names = names_of(children)
     assert {"postgres", "redis-server", "weed"} <= names, names
     with grpc.insecure_channel(first.target) as channel:
         stub = pb_grpc.AssistantsServiceStub(channel)
@@ -157,7 +163,7 @@ def test_dev_uses_configured_key_and_services(dev_state, settings):
     )
     try:
         assert dev.key == "fn_configured-dev-key-123"
-        names = {p.name() for p in dev.descendants()}
+        names = names_of(dev.descendants())
         assert "redis-server" not in names and "postgres" in names
         with grpc.insecure_channel(dev.target) as channel:
             stub = pb_grpc.AssistantsServiceStub(channel)
