@@ -22,6 +22,7 @@ from typing import Protocol
 
 import snowballstemmer
 
+from services.llm.answer_type import Expected, expected_answer, unknown_names
 from services.llm.base import (
     Finished,
     GenerationEvent,
@@ -64,6 +65,9 @@ ANAPHORA = re.compile(r"^(?:This|That|These|Those|It|They|Such|He|She)\b")
 # "How do I install X?" is best answered with the command, when a source gives one.
 HOW_TO = re.compile(r"^\s*how\s+(?:do|can|to|should|would|does)\b", re.IGNORECASE)
 COMMAND_BONUS = 1.15
+# A question that asks for a quantity ranks sentences without one this much lower, and is not
+# answered with one (services.llm.answer_type).
+UNTYPED_PENALTY = 0.7
 # At most this many statements are embedded per question, the best by shared words first.
 MAX_EMBEDDED = 96
 # Words that carry no topic, as a plain list.
@@ -73,7 +77,7 @@ STOPWORDS = frozenset(
         """a an and are as at be by can could did do does for from had has have how i if in is it
     its me my of on or our should so that the their them there these they this to was we were
     what when where which who whom why will with would you your about into than then also any
-    all tell please explain describe get much many say says said document documents""".strip(),
+    all tell please explain describe get much many say says said document documents s t""".strip(),
     )
 )
 
@@ -120,10 +124,13 @@ def candidates_of(request: GenerationRequest) -> list[Candidate]:
     total = sum(len(ts) for ts in statement_terms) + 1
     weight = {t: math.log(1 + total / (1 + doc_freq[t])) for t in wanted}
     wanted_weight = sum(weight.values()) or 1.0
+    named_sources = _named_sources(request, set(wanted))
     found = []
     for index, (statements, term_sets) in enumerate(
         zip(per_source, statement_terms, strict=True), start=1
     ):
+        if named_sources and index not in named_sources:
+            continue
         document = _document_of(request, index)
         # A question word in the document's name or the section's heading ("What does the
         # Apache License say about warranties?") is half matched by each of its sentences, so
@@ -139,6 +146,23 @@ def candidates_of(request: GenerationRequest) -> list[Candidate]:
             own = tuple(sorted((t, weight[t] / wanted_weight) for t in wanted if t in have))
             found.append(Candidate(index, document, statement, lexical, named=named, found=own))
     return found
+
+
+def _named_sources(request: GenerationRequest, wanted: set[str]) -> set[int]:
+    """The sources of the document(s) the question names, when it names some of those given.
+
+    A question term is a name when it is in some documents' names and not in all ("apache" of
+    "apache-2.0.txt"); the sources whose names hold the most of them are the ones to answer
+    from, so that a question about the Apache License is never answered from the GPL. Empty
+    when the question names none of the documents, or all of them alike.
+    """
+    names = [set(terms(source.document_name)) for source in request.sources]
+    distinctive = {
+        t for t in wanted if any(t in n for n in names) and not all(t in n for n in names)
+    }
+    counts = [len(distinctive & n) for n in names]
+    top = max(counts, default=0)
+    return {i for i, count in enumerate(counts, start=1) if top and count == top}
 
 
 def _context_terms(request: GenerationRequest, index: int) -> set[str]:
@@ -174,14 +198,17 @@ def score(
             value = SEMANTIC_WEIGHT * semantic + LEXICAL_WEIGHT * c.lexical
             scored.append(_with(c, semantic, value))
     how_to = bool(HOW_TO.match(question))
-    scored = [_with(c, c.semantic, c.score * _shape(c.statement, how_to)) for c in scored]
+    expected = expected_answer(question)
+    scored = [_with(c, c.semantic, c.score * _shape(c.statement, how_to, expected)) for c in scored]
     return sorted(scored, key=lambda c: (-c.score, c.source_index, c.statement.position))
 
 
-def _shape(statement: Statement, how_to: bool) -> float:
+def _shape(statement: Statement, how_to: bool, expected: Expected | None) -> float:
     factor = ANAPHORA_PENALTY if ANAPHORA.match(statement.text) else 1.0
     if how_to and statement.code:
         factor *= COMMAND_BONUS
+    if expected is not None and not expected.met_by(statement.text):
+        factor *= UNTYPED_PENALTY
     return factor
 
 
@@ -189,13 +216,17 @@ def _with(c: Candidate, semantic: float, value: float) -> Candidate:
     return replace(c, semantic=semantic, score=round(value, 6))
 
 
-def choose(ranked: list[Candidate], *, semantic: bool) -> list[Candidate]:
+def choose(
+    ranked: list[Candidate], *, semantic: bool, expected: Expected | None = None
+) -> list[Candidate]:
     """The sentences of the answer, in the order they are shown; [] when evidence is weak."""
     if not ranked:
         return []
     best = ranked[0]
     if best.score < (MIN_SCORE if semantic else MIN_LEXICAL_SCORE) or best.lexical == 0.0:
         return []
+    if expected is not None and not expected.met_by(best.text):
+        return []  # asked for a quantity, and no sentence that states one comes close
     chosen = [best]
     length = len(best.text)
     seen = {_fingerprint(best.text)}
@@ -251,11 +282,15 @@ def compose(request: GenerationRequest, embedder: SentenceEmbedder | None = None
         return GREETING
     if request.retrieval is Retrieval.DISABLED:
         return NO_RETRIEVAL
+    if unknown_names(request.question, request.source_texts):
+        return NOTHING_FOUND
     candidates = candidates_of(request)
     if not any(c.lexical for c in candidates):
         return NOTHING_FOUND
     ranked = score(request.question, candidates, embedder)
-    chosen = choose(ranked, semantic=embedder is not None)
+    chosen = choose(
+        ranked, semantic=embedder is not None, expected=expected_answer(request.question)
+    )
     if not chosen:
         return NOTHING_FOUND
     return render(chosen, citations=request.citations)

@@ -23,7 +23,9 @@ MAX_CODE_LINES = 4
 MAX_CODE_LINE_CHARS = 160
 
 WORD = re.compile(r"[^\W_]+", re.UNICODE)
-_FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
+_FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})\s*(\{[\w-]+\})?")
+# MyST/Sphinx directives in a fence: these hold code, the others ({note}, {caution}) prose.
+_CODE_DIRECTIVES = frozenset({"{code}", "{code-block}", "{code-cell}", "{sourcecode}"})
 _ATX_HEADING = re.compile(r"^\s{0,3}#{1,6}(\s|$)")
 _RULE = re.compile(r"^\s*([-=*_~+#.:|]\s*){3,}$")
 _BULLET = re.compile(r"^\s*(?:[-*+•▪‣◦]|\d{1,3}[.)]|\(?[a-zA-Z]{1,4}\)|\(\d{1,3}\))\s+")
@@ -62,6 +64,7 @@ class _Block:
     lines: list[str]
     first: bool = False  # the chunk's first block: it may start mid-sentence
     last: bool = False  # the chunk's last block: it may end mid-sentence
+    item: bool = False  # a list item: "(1) assert copyright ..." continues the sentence before
 
 
 def statements_of(text: str) -> list[Statement]:
@@ -94,18 +97,25 @@ def statements_of(text: str) -> list[Statement]:
             # A chunk can start or end in the middle of a sentence (chunks overlap).
             cut_start = block.first and j == 0 and not _starts_sentence(raw)
             cut_end = block.last and j == len(sentences) - 1 and not _ENDS_STATEMENT.search(raw)
-            if cut_start or cut_end or not is_statement(sentence):
+            # A paragraph may open with a name spelt in lower case ("pip's caching ...").
+            opens = j == 0 and not block.first and not block.item
+            if cut_start or cut_end or not is_statement(sentence, opens_paragraph=opens):
                 continue
             found.append(Statement(sentence, sentence, len(found)))
     return found
 
 
-def is_statement(sentence: str) -> bool:
-    """Whether a sentence reads as a statement rather than a heading, question or fragment."""
+def is_statement(sentence: str, *, opens_paragraph: bool = False) -> bool:
+    """Whether a sentence reads as a statement rather than a heading, question or fragment.
+
+    Inside a paragraph a sentence must start with a capital, a digit or code; the paragraph's
+    first sentence may start with a lower-case word, as names like pip or npm do.
+    """
     words = WORD.findall(sentence)
     if len(words) < MIN_WORDS or len(sentence) > MAX_STATEMENT_CHARS:
         return False
-    if not _starts_sentence(sentence) or not _ENDS_STATEMENT.search(sentence):
+    starts = _starts_sentence(sentence) or (opens_paragraph and sentence[:1].islower())
+    if not starts or not _ENDS_STATEMENT.search(sentence):
         return False
     if _LABEL.match(sentence):
         return False  # "APPENDIX: How to apply ..." is a heading
@@ -123,11 +133,14 @@ def _blocks(text: str) -> list[_Block]:
     blocks: list[_Block] = []
     paragraph: list[str] = []
     lines = text.splitlines()
+    item = False
 
     def close() -> None:
+        nonlocal item
         if paragraph:
-            blocks.append(_Block("prose", paragraph.copy()))
+            blocks.append(_Block("prose", paragraph.copy(), item=item))
             paragraph.clear()
+        item = False
 
     i = 0
     while i < len(lines):
@@ -142,7 +155,14 @@ def _blocks(text: str) -> list[_Block]:
             while i < len(lines) and not lines[i].strip().startswith(mark):
                 body.append(lines[i])
                 i += 1
-            blocks.append(_Block("code", body))
+            directive = fence.group(2)
+            if directive and directive not in _CODE_DIRECTIVES:
+                # An admonition or a tab: its body is text like any other (its options,
+                # ":class: ...", are not), and may hold fences of its own.
+                inner = [b for b in body if not b.strip().startswith(":")]
+                blocks.extend(_blocks("\n".join(inner)))
+            else:
+                blocks.append(_Block("code", body))
             i += 1
             continue
         following = lines[i + 1].strip() if i + 1 < len(lines) else ""
@@ -167,6 +187,7 @@ def _blocks(text: str) -> list[_Block]:
             blocks.append(_Block("code", [stripped]))
         elif _BULLET.match(line):
             close()
+            item = True
             paragraph.append(_BULLET.sub("", line, count=1).strip())
         else:
             paragraph.append(stripped)

@@ -261,3 +261,62 @@ def test_another_document_joins_for_the_part_of_the_question_it_answers(embedder
     )
     assert answer.startswith("Employees receive a per diem"), answer
     assert set(cited(answer)) == {1, 3} and "finance team" in answer
+
+
+GPL_CURE = """  Moreover, your license from a particular copyright holder is
+reinstated permanently if the copyright holder notifies you of the
+violation by some reasonable means, this is the first time you have
+received notice of violation of this License (for any work) from that
+copyright holder, and you cure the violation prior to 30 days after
+your receipt of the notice."""
+APACHE_PATENT = """3. Grant of Patent License. If You institute patent litigation against any
+entity alleging that the Work constitutes patent infringement, then any patent licenses
+granted to You under this License for that Work shall terminate as of the date such
+litigation is filed. The rights granted under this License terminate automatically if You
+breach its terms."""
+
+
+@pytest.mark.parametrize(
+    ("question", "names"),
+    [
+        # Asks for a number of days; the one source on the subject states none.
+        ("How many days does a licensee have before the patent license terminates?", 1),
+        # Names the Apache License; only the GPL states a time to cure.
+        ("How long does a licensee have to cure a breach before the Apache License ends?", 2),
+        # Asks about a name that no source uses.
+        ("Does the patent licence terminate when patentFiling is set?", 2),
+    ],
+)
+def test_a_source_on_the_subject_that_does_not_say_is_not_an_answer(
+    embedder, question: str, names: int
+) -> None:
+    docs = [("apache-2.0.txt", APACHE_PATENT), ("gpl-3.0.txt", GPL_CURE)][:names]
+    assert compose(request(question, *docs), embedder) == NOTHING_FOUND
+
+
+def test_a_quantity_question_is_answered_with_the_sentence_that_states_it(embedder) -> None:
+    question = "How many days do I have to cure a GPL violation after the notice?"
+    answer = compose(
+        request(question, ("apache-2.0.txt", APACHE_PATENT), ("gpl-3.0.txt", GPL_CURE)),
+        embedder,
+    )
+    assert cited(answer) == [2]
+    assert "prior to 30 days after your receipt of the notice" in answer
+
+
+def test_admonitions_are_prose_and_lower_case_names_may_open_a_paragraph() -> None:
+    text = (
+        "## Disabling caching\n\n"
+        "pip's caching behaviour is disabled by passing the `--no-cache-dir` option.\n\n"
+        "```{caution}\n:class: margin\nThe exact structure of the cache is an implementation "
+        "detail and may change.\n```\n\n"
+        "````{tab} Linux\n```\n~/.cache/pip\n```\n````\n\n"
+        "Developers protect your rights with two steps:\n"
+        "(1) assert copyright on the software, and (2) offer you this License.\n"
+    )
+    texts = [s.text for s in statements_of(text)]
+    assert texts[0] == "pip's caching behaviour is disabled by passing the `--no-cache-dir` option."
+    assert "The exact structure of the cache is an implementation detail and may change." in texts
+    assert not any(":class:" in t or "```" in t for t in texts)
+    # A list item continues the sentence before it: not a statement of its own.
+    assert not any(t.startswith("assert copyright") for t in texts)

@@ -1,0 +1,69 @@
+"""Answer types: a question that asks for a quantity is answered with one, or not at all."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.llm.answer_type import Expected, Kind, expected_answer, unknown_names
+
+
+@pytest.mark.parametrize(
+    ("question", "expected"),
+    [
+        ("How many days do I have to cure the violation?", Expected(Kind.UNIT, "day")),
+        ("For how many years must the offer stay valid?", Expected(Kind.UNIT, "year")),
+        ("How many UIDs should a container get?", Expected(Kind.NUMBER)),
+        ("How much memory does deflateInit() allocate?", Expected(Kind.SIZE)),
+        ("How much disk quota does a home directory get?", Expected(Kind.SIZE)),
+        ("How long must the written offer stay valid?", Expected(Kind.LENGTH)),
+        ("How large are the header and the trailer?", Expected(Kind.SIZE)),
+        ("What buffer size does the example recommend?", Expected(Kind.SIZE)),
+        ("Which version of the specification is this?", Expected(Kind.VERSION)),
+        ("What is the minimum Python version it supports?", Expected(Kind.VERSION)),
+        ("What is the largest windowBits value it accepts?", Expected(Kind.NUMBER)),
+        ("What numeric UID does www-data have?", Expected(Kind.NUMBER)),
+        ("Which range of UIDs does adduser hand out?", Expected(Kind.NUMBER)),
+        # Not quantities: a manner, a definition, a name, a yes or no.
+        ("How much can I charge for the source code?", None),
+        ("How do I turn off the cache?", None),
+        ("What value does dotenv_values give a bare FOO line?", None),
+        ("What UID did the operator account have?", None),
+        ("Who is the license steward?", None),
+        ("Is sublicensing permitted?", None),
+        ("How can I find out the highest system UID?", None),
+    ],
+)
+def test_what_a_question_asks_for(question: str, expected: Expected | None) -> None:
+    assert expected_answer(question) == expected
+
+
+@pytest.mark.parametrize(
+    ("kind", "sentence", "met"),
+    [
+        (Expected(Kind.UNIT, "day"), "You have 30 days after the notice.", True),
+        (Expected(Kind.UNIT, "day"), "You have thirty days after the notice.", True),
+        (Expected(Kind.UNIT, "day"), "The offer is valid for three years.", False),
+        (Expected(Kind.UNIT, "day"), "You must cure the violation promptly.", False),
+        (Expected(Kind.NUMBER), "Applications may use deflateInit2() instead.", False),
+        (Expected(Kind.NUMBER), "It allocates 65536 UIDs per container.", True),
+        (Expected(Kind.NUMBER), "No grants are made (see Section 10.2).", False),
+        (Expected(Kind.SIZE), "It allocates on the order of 256K bytes.", True),
+        (Expected(Kind.SIZE), "The header is only two bytes, the trailer four-byte.", True),
+        (Expected(Kind.SIZE), "pip cache info shows the total size of the cache.", False),
+        (Expected(Kind.LENGTH), "It stays valid for at least three years.", True),
+        (Expected(Kind.LENGTH), "It stays valid for as long as you offer spare parts.", True),
+        (Expected(Kind.LENGTH), "The rights terminate automatically if you fail to comply.", False),
+        (Expected(Kind.VERSION), "This is version 0.21 of the specification.", True),
+        (Expected(Kind.VERSION), "You may choose any version ever published.", True),
+        (Expected(Kind.VERSION), "Set `PYTHON_DOTENV_DISABLED=1` to disable it.", False),
+    ],
+)
+def test_whether_a_sentence_states_the_quantity(kind: Expected, sentence: str, met: bool) -> None:
+    assert kind.met_by(sentence) is met
+
+
+def test_code_names_the_sources_never_use_are_reported() -> None:
+    texts = ["Advanced applications may use deflateInit2() here.", "Call load_dotenv() first."]
+    question = "What is the largest windowBits value that deflateInit2() accepts with load_dotenv?"
+    assert unknown_names(question, texts) == ["windowBits"]
+    assert unknown_names("How do I install Clippy on macOS?", texts) == []
