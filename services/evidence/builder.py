@@ -37,6 +37,7 @@ from services.evidence.scorer import (
     relevance,
     support_score,
     verdict_for,
+    warm_up,
 )
 from services.retrieval.embeddings import EmbeddingError
 
@@ -76,6 +77,13 @@ class _Source:
     sentences: list[tuple[int, int]]
     windows: list[Window]
     sentence_terms: list[frozenset[str]]
+    context: str  # the document's name and the chunk's heading, where names are looked up
+
+    def around(self, window: Window) -> str:
+        """The window with one sentence either side: where a nearby negation still counts."""
+        first = self.sentences[max(0, window.first - 1)][0]
+        last = self.sentences[min(len(self.sentences) - 1, window.last + 1)][1]
+        return self.text[first:last]
 
 
 class EvidenceBuilder:
@@ -84,6 +92,7 @@ class EvidenceBuilder:
     def __init__(self, embedder: TextEmbedder, calibration: Calibration = CALIBRATION) -> None:
         self.embedder = embedder
         self.calibration = calibration
+        warm_up()
 
     def for_answer(
         self,
@@ -118,6 +127,7 @@ class AnswerEvidence:
                 sentences=ranges,
                 windows=windows_of(ranges, chunk.text),
                 sentence_terms=[content_terms(chunk.text[a:b]) for a, b in ranges],
+                context=f"{chunk.document_name} {chunk.location.heading}",
             )
         self._vectors: dict[str, np.ndarray] = {}
         self._features: dict[tuple[str, int, int, int], tuple[Features, float | None]] = {}
@@ -272,7 +282,13 @@ class AnswerEvidence:
         if held is None:
             calibration = self._builder.calibration
             quote = source.text[window.start : window.end]
-            f = features(sentence.cited_text, quote, -1.0)
+            f = features(
+                sentence.cited_text,
+                quote,
+                -1.0,
+                around=source.around(window),
+                context=source.context,
+            )
             low = support_score(f, calibration)
             high = support_score(replace(f, cosine=1.0), calibration)
             same = verdict_for(low, calibration) == verdict_for(high, calibration)
