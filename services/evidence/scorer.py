@@ -118,6 +118,7 @@ _NUMBER_WORDS = {
 # A word at or above this Zipf frequency is common English ("license" 4.6, "the" 7.7); a name
 # made only of such words is not rare enough to call a swap.
 RARE_ZIPF = 3.5
+RARE_WORD_ZIPF = 3.0  # a plain word this rare ("gzip", "daemon") is held like a name
 _local = threading.local()
 
 
@@ -334,21 +335,23 @@ class Calibration:
     cosine_floor: float = 0.3  # a cosine at or below this counts as 0
     negation_penalty: float = 0.6
     polarity_penalty: float = 0.1
-    antonym_penalty: float = 0.2
+    antonym_penalty: float = 0.6
     swap_penalty: float = 0.4
     added_name_penalty: float = 0.2
     number_missing_penalty: float = 0.2
     # A quote holding this share of the sentence's weighted words backs it whatever the cosine.
     copy_coverage: float = 0.9
-    clause_low: float = 0.35  # a clause covered below this is not supported ...
+    clause_low: float = 0.45  # a clause covered below this is not supported ...
     clause_high: float = 0.75  # ... while another covered at or above this is: PARTIAL
     supported: float = 0.45
-    partial: float = 0.4
+    partial: float = 0.375
 
 
 CALIBRATION = Calibration()
 # A clause whose words, names aside, are covered this well holds the slot of a swapped name.
 _SWAP_COVERAGE = 0.6
+# A clause covered less than this is an added part: a number in it is new, not changed.
+_ADDED_CLAUSE = 0.35
 
 
 def _weighted(terms: dict[str, str], present: frozenset[str]) -> float:
@@ -375,8 +378,28 @@ def features(
     clause_cov = tuple(_weighted(content_words(c), quote_terms) for c in parts)
     claim_numbers, quote_numbers = numbers(sentence), numbers(quote)
     absent = claim_numbers - quote_numbers
+    if len(parts) > 1 and absent:
+        # A number in a clause the quote does not cover is part of an addition, not a change.
+        absent = set().union(
+            *(
+                numbers(c) & absent
+                for c, cov in zip(parts, clause_cov, strict=True)
+                if cov >= _ADDED_CLAUSE
+            )
+        )
     missing = missing_names(sentence, around, context)
-    swap, added = _name_slots(parts, [n for n in missing if is_rare_name(n)], around_terms)
+    rare = [n for n in missing if is_rare_name(n)]
+    context_lower = context.lower()
+    rare += [
+        w
+        for s, w in claim_words.items()
+        if s not in around_terms
+        and w.isalpha()
+        and len(w) > 2
+        and zipf(w) < RARE_WORD_ZIPF
+        and w not in context_lower
+    ]
+    swap, added = _name_slots(parts, rare, around_terms)
     return Features(
         cosine=cosine,
         coverage=_weighted(claim_words, quote_terms),
@@ -417,8 +440,10 @@ def _polarity_mismatch(sentence: str, passage: str, claim_terms: frozenset[str])
 
 
 def _antonym(claim_words: set[str], passage_words: set[str]) -> bool:
+    claim_stems = {stem(w) for w in claim_words}
     for w in claim_words - passage_words:
-        if ANTONYMS.get(w, frozenset()) & passage_words:
+        # The opposite counts only when the claim does not use it too ("written ... read").
+        if any(stem(a) not in claim_stems for a in ANTONYMS.get(w, frozenset()) & passage_words):
             return True
         for prefix in _NEGATING_PREFIXES:
             if prefix + w in passage_words:
