@@ -184,6 +184,8 @@ STEPS: dict[str, tuple[float, ...]] = {
     "added_name_penalty": _steps(0.0, 0.3, 0.05),
     "number_missing_penalty": _steps(0.0, 0.2, 0.05),
     "copy_coverage": _steps(0.8, 1.0, 0.05),
+    "contradiction_cap": _steps(0.2, 1.0, 0.05),
+    "clause_gap": _steps(0.2, 1.0, 0.05),
     "clause_low": _steps(0.2, 0.6, 0.05),
     "clause_high": _steps(0.5, 1.0, 0.05),
     "supported": _steps(0.3, 0.9, 0.025),

@@ -157,9 +157,13 @@ def warm_up() -> None:
 def words(text: str) -> tuple[str, ...]:
     """Lower-case words; CJK text, which has no spaces, counts one word per character."""
     out: list[str] = []
-    for match in _WORD.finditer(text.lower()):
-        token = match.group().replace("’", "'")
-        if _CJK.search(token):
+    lowered = text.lower()
+    cjk = _CJK.search(lowered) is not None  # most text has none: skip the test per word
+    for match in _WORD.finditer(lowered):
+        token = match.group()
+        if "’" in token:
+            token = token.replace("’", "'")
+        if cjk and _CJK.search(token):
             out.extend(ch for ch in token if not ch.isspace())
         elif token.endswith("n't"):
             out.extend((token[:-3], "n't"))
@@ -282,18 +286,20 @@ def _acronyms(text: str) -> set[str]:
     return found
 
 
-def missing_names(sentence: str, passage: str, context: str = "") -> list[str]:
-    """Names of the sentence found neither in the passage nor in its document's name/heading.
+def missing_names(
+    sentence: str, passage: str, context: str = "", extra: tuple[str, ...] = ()
+) -> list[str]:
+    """Names of the sentence (and the extra words given) absent from the passage and context.
 
-    A name also counts as present when each of its parts is there, when it is the acronym of
-    capitalised words of the passage, or when a part of five letters or more begins a word of
-    the passage ("os.environ" and "environment").
+    context is the document's name and heading. A name also counts as present when each of its
+    parts is there, when it is the acronym of capitalised words of the passage, or when a part
+    of five letters or more begins a word of the passage ("os.environ" and "environment").
     """
     haystack = f"{passage} {context}".lower()
     passage_words = set(words(passage))
     acronyms: set[str] | None = None
     out = []
-    for name in sorted(names(sentence)):
+    for name in sorted(names(sentence) | set(extra)):
         if name in haystack:
             continue
         parts = [p for p in re.split(r"[\W_]+", name) if p]
@@ -341,9 +347,11 @@ class Calibration:
     number_missing_penalty: float = 0.2
     # A quote holding this share of the sentence's weighted words backs it whatever the cosine.
     copy_coverage: float = 0.9
-    clause_low: float = 0.45  # a clause covered below this is not supported ...
+    contradiction_cap: float = 0.2  # the highest score a contradicted sentence may keep
+    clause_gap: float = 0.45  # clauses this far apart in coverage also make a PARTIAL
+    clause_low: float = 0.2  # a clause covered below this is not supported ...
     clause_high: float = 0.75  # ... while another covered at or above this is: PARTIAL
-    supported: float = 0.45
+    supported: float = 0.425
     partial: float = 0.375
 
 
@@ -388,17 +396,13 @@ def features(
             )
         )
     missing = missing_names(sentence, around, context)
-    rare = [n for n in missing if is_rare_name(n)]
-    context_lower = context.lower()
-    rare += [
+    # Plain words rare in English ("gzip", "daemon") are held like names.
+    rare_words = tuple(
         w
         for s, w in claim_words.items()
-        if s not in around_terms
-        and w.isalpha()
-        and len(w) > 2
-        and zipf(w) < RARE_WORD_ZIPF
-        and w not in context_lower
-    ]
+        if s not in around_terms and w.isalpha() and len(w) > 2 and zipf(w) < RARE_WORD_ZIPF
+    )
+    rare = [n for n in missing_names(sentence, around, context, rare_words) if is_rare_name(n)]
     swap, added = _name_slots(parts, rare, around_terms)
     return Features(
         cosine=cosine,
@@ -498,10 +502,10 @@ def support_score(f: Features, c: Calibration = CALIBRATION) -> float:
     score -= c.antonym_penalty * f.antonym + c.swap_penalty * f.name_swap
     score -= c.added_name_penalty * f.added_name + c.number_missing_penalty * f.number_missing
     cov = f.clause_coverage
-    if (
-        len(cov) > 1
-        and not contradicted(f)
-        and min(cov) < c.clause_low <= c.clause_high <= max(cov)
+    if contradicted(f):
+        score = min(score, c.contradiction_cap)
+    elif len(cov) > 1 and (
+        min(cov) < c.clause_low <= c.clause_high <= max(cov) or max(cov) - min(cov) >= c.clause_gap
     ):
         # One clause is backed and another is not: an added part, so PARTIAL.
         score = min(max(score, c.partial), c.supported - 0.01)
