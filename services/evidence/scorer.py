@@ -8,14 +8,15 @@ MiniLM embedder, which measures topical closeness but is blind to the traps that
 a citation: a changed number, a flipped negation, a swapped name, an added clause. So the
 score is a small, explainable formula:
 
-    relevance = w * cosine' + (1 - w) * coverage
-    score     = relevance - penalties for contradictions, then two caps
+    relevance = w * cosine' + (1 - w) * coverage   (or coverage alone, once it is near 1)
+    score     = relevance - penalties, then capped by what the checks below found
 
 - ``cosine'`` is the embedding cosine rescaled so that the floor counts as 0.
 - ``coverage`` is the share of the sentence's content words (Snowball stems, stop words out)
   found in the quote, each word weighted by its rarity in English (wordfreq's Zipf frequency,
   an IDF that needs no corpus of our own): missing "python-decouple" costs more than missing
-  "uses".
+  "uses". A quote holding nearly all of the weighted words backs the sentence whatever the
+  cosine (a copy needs no embedding).
 - Contradictions, checked against the quote and the sentence either side of it, since a
   negation one sentence away still speaks to the claim:
   * a negation mismatch: a word the sentence and the passage share is the head of a negation
@@ -24,17 +25,20 @@ score is a small, explainable formula:
     negations and the claim an even one, or the reverse (weaker, so a small penalty);
   * an antonym: the sentence uses the opposite of a word the passage uses, from a short list
     (must/may, before/after, longest/shortest) or by a negating prefix (in-, un-, non-, dis-);
-  * a name swap: a rare name or identifier of the sentence (a code token, a dotted or hyphenated
-    name, a capitalised word uncommon in English) is absent from the passage and from the
-    document's own name and heading, while the rest of its clause is covered: the slot is
-    there, the name in it differs ("python-decouple reads .env files" against python-dotenv);
-  * a number of the sentence that the passage does not hold while it holds others: the score
-    is capped under PARTIAL.
+  * a name swap: a rare name or word of the sentence (a code token, a dotted or hyphenated
+    name, a capitalised or plain word uncommon in English) is absent from the passage and
+    from the document's own name and heading (acronyms of capitalised words count as
+    present), while the rest of its clause is covered: the slot is there, the name in it
+    differs ("python-decouple reads .env files" against python-dotenv);
+  * a number of the sentence that the passage does not hold while it holds others.
+  Each has a penalty, and any of them but the polarity caps the score under PARTIAL: a high
+  cosine says the passage is about the same thing, not that it says the same thing.
 - Partial support: the sentence is split into clauses (commas, semicolons, "and", "but",
-  "because", "which" ...). When one clause is well covered and another barely at all, and
-  nothing above contradicts, the verdict is PARTIAL whatever the overall score: that is what an
-  added, unsupported part looks like. A rare name that only sits in an uncovered clause is an
-  addition, not a swap, and costs a small penalty.
+  "because", "which" ...). When one clause is well covered and another barely at all, or
+  their coverage differs widely, and nothing above contradicts, the verdict is PARTIAL
+  whatever the overall score: that is what an added, unsupported part looks like. A number or
+  a rare name that only sits in an uncovered clause is part of the addition, not a change or a
+  swap (a name costs a small penalty).
 
 The weights and thresholds were fitted on the training split of eval/claims.jsonl and are
 reported on both splits in docs/quality.md. The score never falls as the cosine rises, which
