@@ -399,6 +399,13 @@ def features(
                 if cov >= _ADDED_CLAUSE
             )
         )
+    # An opposite word inside a clause the quote does not cover is part of an addition.
+    covered_text = " ".join(
+        c
+        for c, cov in zip(parts, clause_cov, strict=True)
+        if cov >= _ADDED_CLAUSE or len(parts) == 1
+    )
+    covered = set(words(covered_text))
     missing = missing_names(sentence, around, context)
     # Plain words rare in English ("gzip", "daemon") are held like names.
     rare_words = tuple(
@@ -418,7 +425,7 @@ def features(
             sentence, around, frozenset(claim_words), around_terms
         ),
         polarity_mismatch=_polarity_mismatch(sentence, around, frozenset(claim_words)),
-        antonym=_antonym(set(words(sentence)), set(words(around))),
+        antonym=_antonym(set(words(sentence)), set(words(around)), covered),
         missing_names=len(missing),
         name_swap=swap,
         added_name=added,
@@ -447,9 +454,10 @@ def _polarity_mismatch(sentence: str, passage: str, claim_terms: frozenset[str])
     return _negation_count(sentence) % 2 != _negation_count(best) % 2
 
 
-def _antonym(claim_words: set[str], passage_words: set[str]) -> bool:
+def _antonym(claim_words: set[str], passage_words: set[str], covered: set[str]) -> bool:
+    """A word of a covered clause whose opposite the passage uses and the claim does not."""
     claim_stems = {stem(w) for w in claim_words}
-    for w in claim_words - passage_words:
+    for w in (claim_words & covered) - passage_words:
         # The opposite counts only when the claim does not use it too ("written ... read").
         if any(stem(a) not in claim_stems for a in ANTONYMS.get(w, frozenset()) & passage_words):
             return True
