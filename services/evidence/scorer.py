@@ -53,7 +53,6 @@ import threading
 from dataclasses import dataclass
 
 import snowballstemmer
-from wordfreq import zipf_frequency
 
 from services.citations import SupportVerdict
 from services.citations.spans import sentence_ranges
@@ -143,6 +142,10 @@ def stem(word: str) -> str:
 @functools.lru_cache(maxsize=65536)
 def zipf(word: str) -> float:
     """How common a word is in English, 0 (unknown) to about 8 ("the"), from wordfreq."""
+    # Imported on first use: wordfreq takes about a second to import and load its table, which
+    # only a process that judges evidence should pay (EvidenceBuilder warms it up).
+    from wordfreq import zipf_frequency
+
     return zipf_frequency(word, "en")
 
 
