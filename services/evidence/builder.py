@@ -7,6 +7,7 @@ sentence judged while streaming is not embedded again when the answer is finishe
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ from services.evidence.scorer import (
     relevance,
     support_score,
     verdict_for,
+    warm_up,
 )
 from services.retrieval.embeddings import EmbeddingError
 
@@ -51,6 +53,8 @@ MIN_COVERAGE = 0.25
 MAX_OTHER_SOURCES = 3
 # At most this many sources are attributed to one sentence.
 MAX_ATTRIBUTED = 2
+# Chunks whose sentence layout is kept between answers (a few kilobytes each).
+LAYOUT_CACHE = 1024
 
 _RANK = {SupportVerdict.SUPPORTED: 3, SupportVerdict.PARTIAL: 2, SupportVerdict.UNSUPPORTED: 1}
 
@@ -76,6 +80,13 @@ class _Source:
     sentences: list[tuple[int, int]]
     windows: list[Window]
     sentence_terms: list[frozenset[str]]
+    context: str  # the document's name and the chunk's heading, where names are looked up
+
+    def around(self, window: Window) -> str:
+        """The window with one sentence either side: where a nearby negation still counts."""
+        first = self.sentences[max(0, window.first - 1)][0]
+        last = self.sentences[min(len(self.sentences) - 1, window.last + 1)][1]
+        return self.text[first:last]
 
 
 class EvidenceBuilder:
@@ -84,6 +95,7 @@ class EvidenceBuilder:
     def __init__(self, embedder: TextEmbedder, calibration: Calibration = CALIBRATION) -> None:
         self.embedder = embedder
         self.calibration = calibration
+        warm_up()
 
     def for_answer(
         self,
@@ -110,17 +122,18 @@ class AnswerEvidence:
         self._attribute = attribute
         self._sources: dict[int, _Source] = {}
         for source, chunk in zip(sources, chunks, strict=True):
-            ranges = sentences_of(chunk.text)
+            ranges, windows, terms = _layout(chunk.text)
             self._sources[source.index] = _Source(
                 index=source.index,
                 text=chunk.text,
                 chunk=chunk,
                 sentences=ranges,
-                windows=windows_of(ranges, chunk.text),
-                sentence_terms=[content_terms(chunk.text[a:b]) for a, b in ranges],
+                windows=windows,
+                sentence_terms=terms,
+                context=f"{chunk.document_name} {chunk.location.heading}",
             )
         self._vectors: dict[str, np.ndarray] = {}
-        self._features: dict[tuple[str, int, int, int], tuple[Features, float | None]] = {}
+        self._features: dict[tuple[str, int, int, int], tuple[Features, float | None, float]] = {}
         self._done: dict[tuple[int, int, str, tuple[int, ...]], Judgement] = {}
         self._lock = threading.Lock()
 
@@ -139,12 +152,12 @@ class AnswerEvidence:
             )  # fmt: skip
             model = [self._model_evidence(s, plan) for s, plan in zip(todo, plans, strict=True)]
             wanted = [
-                (s, {src: w for src, w in plan.items() if src.index not in s.source_indices})
+                (s, {src: w for src, w in plan.items() if src.index not in s.source_indices}, found)
                 for s, plan, found in zip(todo, plans, model, strict=True)
                 if plan and not any(e.verdict == SupportVerdict.SUPPORTED for e in found)
             ]
-            self._embed_plans(wanted)
-            needed = {_key(s) for s, _ in wanted}
+            self._embed_plans([(s, self._could_raise(s, plan, found)) for s, plan, found in wanted])
+            needed = {_key(s) for s, _, _ in wanted}
             for sentence, plan, found in zip(todo, plans, model, strict=True):
                 others = []
                 if _key(sentence) in needed:
@@ -235,7 +248,7 @@ class AnswerEvidence:
         calibration = self._builder.calibration
         scored: list[tuple[float, float, Window]] = []
         for window in windows:
-            f, settled = self._settled(sentence, source, window)
+            f, settled, _ = self._settled(sentence, source, window)
             if settled is not None:
                 scored.append((settled, relevance(f, calibration), window))
                 continue
@@ -259,8 +272,9 @@ class AnswerEvidence:
 
     def _settled(
         self, sentence: CitationSpan, source: _Source, window: Window
-    ) -> tuple[Features, float | None]:
-        """The checks' features, and the score when they settle the verdict whatever the cosine.
+    ) -> tuple[Features, float | None, float]:
+        """The checks' features, the score when they settle the verdict whatever the cosine, and
+        the highest score any cosine could give.
 
         The score rises with the cosine, so if the lowest and the highest cosine give the same
         verdict, embedding cannot change it; the score is then the middle of that range. This is
@@ -272,12 +286,44 @@ class AnswerEvidence:
         if held is None:
             calibration = self._builder.calibration
             quote = source.text[window.start : window.end]
-            f = features(sentence.cited_text, quote, -1.0)
+            f = features(
+                sentence.cited_text,
+                quote,
+                -1.0,
+                around=source.around(window),
+                context=source.context,
+            )
             low = support_score(f, calibration)
             high = support_score(replace(f, cosine=1.0), calibration)
             same = verdict_for(low, calibration) == verdict_for(high, calibration)
-            held = self._features[key] = (f, (low + high) / 2 if same else None)
+            held = self._features[key] = (f, (low + high) / 2 if same else None, high)
         return held
+
+    def _could_raise(
+        self, sentence: CitationSpan, plan: dict[_Source, list[Window]], found: list[Evidence]
+    ) -> dict[_Source, list[Window]]:
+        """The windows of other sources worth embedding for attribution.
+
+        Only those whose best possible verdict (at cosine 1) is above the best verdict already
+        known without the embedder, from the cited sources or from another source's settled
+        window. A sentence copied from one source is attributed to it without embedding the
+        rest to look for a second source that could at most tie with it.
+        """
+        calibration = self._builder.calibration
+        floor = max((_RANK[e.verdict] for e in found), default=0)
+        ceilings: list[tuple[_Source, Window, int]] = []
+        for source, windows in plan.items():
+            for w in windows:
+                _, settled, high = self._settled(sentence, source, w)
+                if settled is not None:
+                    floor = max(floor, _RANK[verdict_for(settled, calibration)])
+                else:
+                    ceilings.append((source, w, _RANK[verdict_for(high, calibration)]))
+        worth: dict[_Source, list[Window]] = {}
+        for source, w, ceiling in ceilings:
+            if ceiling > floor:
+                worth.setdefault(source, []).append(w)
+        return worth
 
     def _embed_plans(self, plans: list[tuple[CitationSpan, dict[_Source, list[Window]]]]) -> None:
         texts: set[str] = set()
@@ -340,6 +386,16 @@ class AnswerEvidence:
         if better or not claim:
             return Judgement(sentence)  # not a claim, or supported while attribution is off
         return Judgement(sentence, uncited=replace(sentence, verdict=SupportVerdict.UNSUPPORTED))
+
+
+@functools.lru_cache(maxsize=LAYOUT_CACHE)
+def _layout(
+    text: str,
+) -> tuple[list[tuple[int, int]], list[Window], list[frozenset[str]]]:
+    """A chunk's sentences, candidate windows and sentence words; the same chunk comes back
+    in answer after answer, and splitting it costs more than judging a sentence."""
+    ranges = sentences_of(text)
+    return ranges, windows_of(ranges, text), [content_terms(text[a:b]) for a, b in ranges]
 
 
 def _key(span: CitationSpan) -> tuple[int, int, str, tuple[int, ...]]:

@@ -232,3 +232,55 @@ def test_a_sentence_reported_while_streaming_is_final(pieces, steps) -> None:
     final = answer_sentences(result.text, result.markers)
     assert all(s in final for s in reported)
     assert len(reported) == len({(s.start, s.end) for s in reported})
+
+
+def _pair(texts: dict[str, str]):
+    chunks = [
+        RetrievedChunk(
+            chunk_id=name,
+            document_id=name,
+            document_name=name,
+            content_type="text/markdown",
+            chunk_index=0,
+            text=text,
+            score=0.9,
+            score_kind=ScoreKind.FUSED,
+            location=SourceLocation(0, len(text), 1, 1, 0, 0, name, 0, len(text.encode())),
+        )
+        for name, text in texts.items()
+    ]
+    return build_manifest(chunks)
+
+
+def test_attribution_embeds_nothing_a_copied_source_already_settles() -> None:
+    m = _pair(
+        {
+            "a.md": "Paris is the capital of France and sits on the Seine.",
+            "b.md": "France has Paris as its capital city, on the river Seine.",
+        }
+    )
+    text = "Paris is the capital of France and sits on the Seine."
+    ex = extract(text, len(m.sources))
+    _, base = finalize_extraction(ex, m.sources)
+    embedder = WordHashEmbedder()
+    c = EvidenceBuilder(embedder).for_answer(m.sources, m.chunks).finish(ex.text, ex.markers, base)
+    a = next(s.index for s in m.sources if s.document_name == "a.md")
+    assert [s.source_indices for s in c.spans] == [(a,)]
+    assert c.spans[0].verdict == SupportVerdict.SUPPORTED
+    # b could at most tie with a, so its windows were not embedded.
+    assert embedder.calls == []
+
+
+def test_attribution_embeds_when_no_source_settles_the_verdict() -> None:
+    m = _pair(
+        {
+            "a.md": "France has Paris as its capital city, on the river Seine.",
+            "b.md": "Tokyo is the capital of Japan.",
+        }
+    )
+    text = "Paris is the capital of France and sits on the Seine."
+    ex = extract(text, len(m.sources))
+    _, base = finalize_extraction(ex, m.sources)
+    embedder = WordHashEmbedder()
+    EvidenceBuilder(embedder).for_answer(m.sources, m.chunks).finish(ex.text, ex.markers, base)
+    assert embedder.calls and embedder.calls[0] >= 2  # the sentence and a's window

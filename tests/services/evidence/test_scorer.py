@@ -88,3 +88,95 @@ def test_what_is_not_a_claim(sentence: str) -> None:
 )
 def test_statements_are_claims(sentence: str) -> None:
     assert is_claim(sentence)
+
+
+def test_rare_words_weigh_more_in_coverage() -> None:
+    quote = "The daemon uses the socket."
+    rare_missing = features("The daemon uses the zeroconf socket.", quote, 0.9)
+    common_missing = features("The daemon uses the same socket.", quote, 0.9)
+    plain_missing = features("The daemon uses the new socket.", quote, 0.9)
+    assert common_missing.coverage == 1.0  # "same" is a stop word
+    assert rare_missing.coverage < plain_missing.coverage < 1.0
+
+
+def test_a_swapped_name_in_a_covered_clause_is_unsupported() -> None:
+    quote = "python-dotenv reads key-value pairs from a `.env` file."
+    f = features("python-decouple reads key-value pairs from a .env file.", quote, 0.95)
+    assert f.name_swap and not f.added_name
+    assert verdict_for(support_score(f)) == SupportVerdict.UNSUPPORTED
+    same = features("python-dotenv reads key-value pairs from a .env file.", quote, 0.95)
+    assert not same.name_swap
+    assert verdict_for(support_score(same)) == SupportVerdict.SUPPORTED
+
+
+def test_a_name_in_the_document_name_or_an_acronym_is_not_missing() -> None:
+    quote = "This License applies to the Work, and the GNU Lesser General Public License too."
+    f = features(
+        "Under the Apache License, the LGPL applies.", quote, 0.9, context="apache-2.0.txt"
+    )
+    assert f.missing_names == 0
+
+
+def test_an_added_clause_makes_the_verdict_partial() -> None:
+    f = features(
+        "Tokens expire after 30 days unless they are renewed by the Owner, "
+        "and each renewal is billed to the customer's invoice monthly.",
+        PASSAGE,
+        0.8,
+    )
+    assert len(f.clause_coverage) == 2
+    assert max(f.clause_coverage) == 1.0 and min(f.clause_coverage) < 0.2
+    assert verdict_for(support_score(f)) == SupportVerdict.PARTIAL
+
+
+def test_a_number_in_an_added_clause_is_new_not_changed() -> None:
+    f = features(
+        "Tokens expire after 30 days unless they are renewed by the Owner, "
+        "and the billing department sends 3 reminder letters.",
+        PASSAGE,
+        0.8,
+    )
+    assert not f.number_changed
+    assert verdict_for(support_score(f)) == SupportVerdict.PARTIAL
+
+
+def test_a_negation_in_the_next_sentence_still_counts() -> None:
+    quote = "The contents of the NOTICE file are for informational purposes."
+    around = f"{quote} They do not modify the License."
+    claim = "The contents of the NOTICE file modify the License."
+    assert not features(claim, quote, 0.9).negation_mismatch
+    f = features(claim, quote, 0.9, around=around)
+    assert f.negation_mismatch
+    assert verdict_for(support_score(f)) == SupportVerdict.UNSUPPORTED
+
+
+def test_fails_to_and_does_not_agree() -> None:
+    f = features(
+        "The license is restored if the holder does not notify you within 60 days.",
+        "The license is restored if the holder fails to notify you within 60 days.",
+        0.9,
+    )
+    assert not f.negation_mismatch and not f.polarity_mismatch
+
+
+def test_a_negating_prefix_is_an_antonym() -> None:
+    f = features(
+        "Applications must match globs case-sensitively.",
+        "Applications MUST match globs case-insensitively.",
+        0.95,
+    )
+    assert f.antonym
+    assert verdict_for(support_score(f)) == SupportVerdict.UNSUPPORTED
+
+
+def test_the_score_never_falls_as_the_cosine_rises() -> None:
+    # The builder skips embeddings on this property: the verdict at cosine -1 and 1 bounds it.
+    claims = [
+        "Tokens expire after 30 days unless renewed by the Owner.",
+        "Tokens do not expire.",
+        "The Admin renews tokens, and the billing team sends invoices each month.",
+        "Tokens expire after 60 days.",
+    ]
+    for claim in claims:
+        scores = [support_score(features(claim, PASSAGE, c / 10)) for c in range(-10, 11)]
+        assert scores == sorted(scores)
