@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import psycopg
+from alembic import command
 from alembic.script import ScriptDirectory
 from pgvector.psycopg import register_vector
 
@@ -47,6 +48,8 @@ SEED = 13
 BATCH = 20_000
 SHARED_BUFFERS = "1GB"
 VECTORS = ("random", "clustered")
+# The migration that keeps vectors in the row and builds the HNSW index.
+VECTORS_IN_THE_ROW = "0007"
 # Clustered vectors: cosine of a document's topic to its theme, and of a chunk to its topic.
 THEMES = 64
 THEME_COSINE = 0.6
@@ -148,7 +151,9 @@ def upgrade(url: str, *, log=print) -> None:
     """The schema migrated to head. A corpus built under an older schema keeps its rows.
 
     A migration that rewrites chunks would update the HNSW index row by row (as slow as
-    building it, and it leaves the index bloated), so it is dropped first and built again.
+    building it, and it leaves the index bloated), so it is dropped first; migration 0007 builds
+    it again. Rows loaded before 0007 hold their vectors out of line: the table is rewritten
+    with 0007's storage settings before 0007 runs, so that the index is built once.
     """
     with psycopg.connect(url, autocommit=True) as conn:
         # Corpora built before documents got distinct digests: retrieval searches one copy of
@@ -167,7 +172,16 @@ def upgrade(url: str, *, log=print) -> None:
     log(f"migrating the corpus from {current} to {head}")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DROP INDEX IF EXISTS ix_chunks_embedding_hnsw")
+    if current < VECTORS_IN_THE_ROW:
+        command.upgrade(config, f"{int(VECTORS_IN_THE_ROW) - 1:04d}")
+        with psycopg.connect(url, autocommit=True) as conn:
+            log("rewriting chunks with their vectors in the row")
+            conn.execute("ALTER TABLE chunks ALTER COLUMN embedding SET STORAGE MAIN")
+            conn.execute("ALTER TABLE chunks SET (toast_tuple_target = 4096)")
+            conn.execute("VACUUM FULL chunks")
+    started = time.perf_counter()
     migrate.upgrade(url)
+    log(f"  migrated in {time.perf_counter() - started:.0f} s")
     with psycopg.connect(url, autocommit=True) as conn:
         build_vector_index(conn, log=log)
         conn.execute("VACUUM ANALYZE")
@@ -379,8 +393,10 @@ def build_vector_index(conn: psycopg.Connection, *, log=print) -> None:
     started = time.perf_counter()
     conn.execute("SET maintenance_work_mem = '4GB'")
     conn.execute("SET max_parallel_maintenance_workers = 1")
+    # As migration 0007 builds it.
     conn.execute(
         "CREATE INDEX IF NOT EXISTS ix_chunks_embedding_hnsw"
         " ON chunks USING hnsw (embedding vector_cosine_ops)"
+        " WITH (m = 16, ef_construction = 128)"
     )
     log(f"  HNSW index in {time.perf_counter() - started:.0f} s")
