@@ -7,8 +7,8 @@
 The corpus (bench/corpus.py) is kept under /tmp/fnbench between runs. Printed:
 - hybrid search p50/p95 through `search` (two connections at once) and through the previous
   implementation (one connection, ef_search 40, every full-text match ranked), same questions;
-- where the time goes: the vector query, the full-text query (each in its own transaction,
-  the way `search` runs them) and fusion;
+- where the time goes: the vector query, the full-text query (each on its own, outside a
+  transaction, the way `search` runs them) and fusion;
 - recall@10 of the vector query against exact search (no index) on the same vectors, under
   the tenant and assistant filters, for the large assistant and for a tenth-size one;
 each for random unit vectors (the worst case for HNSW) and, with `--vectors clustered`, for
@@ -153,11 +153,11 @@ def stage_timings(db, c, questions):
     stages = {"vector": [], "text": [], "fusion": []}
     for q, v in questions:
         t0 = time.perf_counter()
-        vector_rows = db.transact(
+        vector_rows = db.read(
             lambda s, v=v: current.vector_candidates(s, c.tenant_id, c.assistant_id, v, limit)
         )
         t1 = time.perf_counter()
-        text_rows = db.transact(
+        text_rows = db.read(
             lambda s, q=q: current.text_candidates(s, c.tenant_id, c.assistant_id, q, limit)
         )
         t2 = time.perf_counter()
