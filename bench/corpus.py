@@ -8,13 +8,18 @@ later runs find the database ready and only start Postgres (about a second).
 The corpus: one target assistant holding `scale` chunks in documents of 100 chunks, 2% of them
 in documents that are not READY or were deleted (the filters must drop them), plus two
 distractor assistants (one in the same tenant, one in another) of scale / 10 chunks each.
-Vectors are random unit vectors (the hard case for HNSW). Text is pseudo-words drawn from a
-Zipf distribution, so a question mixes very common terms (in a large share of the chunks)
-with rare ones, as natural language does.
+Vectors are either random unit vectors (`random`, the worst case for HNSW: a point's nearest
+neighbours are barely nearer than any other point) or `clustered`, shaped like embeddings of
+real documents: each document has a topic near one of THEMES themes, and each chunk lies near
+its document's topic (see `clustered_vectors`). A question's vector is random, or for the
+clustered corpus a new chunk of a random document of the target assistant. Text is
+pseudo-words drawn from a Zipf distribution, so a question mixes very common terms (in a large
+share of the chunks) with rare ones, as natural language does.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import uuid
@@ -25,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 import psycopg
+from alembic import command
+from alembic.script import ScriptDirectory
 from pgvector.psycopg import register_vector
 
 from devstack.stack import EmbeddedStack
@@ -40,6 +47,13 @@ OTHER_TENANT = "bench-other"
 SEED = 13
 BATCH = 20_000
 SHARED_BUFFERS = "1GB"
+VECTORS = ("random", "clustered")
+# The migration that keeps vectors in the row and builds the HNSW index.
+VECTORS_IN_THE_ROW = "0007"
+# Clustered vectors: cosine of a document's topic to its theme, and of a chunk to its topic.
+THEMES = 64
+THEME_COSINE = 0.6
+TOPIC_COSINE = 0.75
 
 
 @dataclass(frozen=True)
@@ -48,6 +62,7 @@ class Corpus:
     scale: int
     tenant_id: str
     assistant_id: str
+    vectors: str = "random"
 
 
 def state_dir() -> Path:
@@ -105,36 +120,80 @@ def database_url(server_url: str, name: str) -> str:
     return f"{root}/{name}" + (f"?{query}" if query else "")
 
 
-def open_corpus(stack: EmbeddedStack, scale: int, *, log=print) -> Corpus:
-    """The database of this scale, built first if it is not there yet."""
-    name = f"bench_{scale}"
+def database_name(scale: int, vectors: str = "random") -> str:
+    return f"bench_{scale}" if vectors == "random" else f"bench_{scale}_{vectors}"
+
+
+def open_corpus(stack: EmbeddedStack, scale: int, *, vectors: str = "random", log=print) -> Corpus:
+    """The database of this scale and kind of vectors, built first if it is not there yet."""
+    name = database_name(scale, vectors)
     server = stack.endpoints.database_url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(server, autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{name}"')
     url = database_url(server, name)
-    migrate.upgrade(url)
+    upgrade(url, log=log)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS bench_meta (key text PRIMARY KEY, value text)")
         row = conn.execute("SELECT value FROM bench_meta WHERE key = 'assistant'").fetchone()
         if row is None:
             started = time.perf_counter()
-            assistant = build(conn, scale, log=log)
+            assistant = build(conn, scale, vectors=vectors, log=log)
             conn.execute("INSERT INTO bench_meta VALUES ('assistant', %s)", (assistant,))
             log(f"built {scale:,} chunks in {time.perf_counter() - started:.0f} s")
         else:
             assistant = row[0]
-    return Corpus(url=url, scale=scale, tenant_id=TENANT, assistant_id=assistant)
+    return Corpus(url=url, scale=scale, tenant_id=TENANT, assistant_id=assistant, vectors=vectors)
 
 
-def attach(url: str, scale: int) -> Corpus:
+def upgrade(url: str, *, log=print) -> None:
+    """The schema migrated to head. A corpus built under an older schema keeps its rows.
+
+    A migration that rewrites chunks would update the HNSW index row by row (as slow as
+    building it, and it leaves the index bloated), so it is dropped first; migration 0007 builds
+    it again. Rows loaded before 0007 hold their vectors out of line: the table is rewritten
+    with 0007's storage settings before 0007 runs, so that the index is built once.
+    """
+    with psycopg.connect(url, autocommit=True) as conn:
+        # Corpora built before documents got distinct digests: retrieval searches one copy of
+        # identical files, so every document but one was left out.
+        if conn.execute("SELECT to_regclass('documents') IS NOT NULL").fetchone()[0]:
+            conn.execute(
+                "UPDATE documents SET sha256 = encode(sha256(convert_to(id::text, 'UTF8')), 'hex')"
+                " WHERE sha256 = repeat('0', 64)"
+            )
+    config = migrate.alembic_config(url)
+    head = ScriptDirectory.from_config(config).get_current_head()
+    current = migrate.current_revision(url)
+    if current in (None, head):
+        migrate.upgrade(url)
+        return
+    log(f"migrating the corpus from {current} to {head}")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP INDEX IF EXISTS ix_chunks_embedding_hnsw")
+    if current < VECTORS_IN_THE_ROW:
+        command.upgrade(config, f"{int(VECTORS_IN_THE_ROW) - 1:04d}")
+        with psycopg.connect(url, autocommit=True) as conn:
+            log("rewriting chunks with their vectors in the row")
+            conn.execute("ALTER TABLE chunks ALTER COLUMN embedding SET STORAGE MAIN")
+            conn.execute("ALTER TABLE chunks SET (toast_tuple_target = 4096)")
+            conn.execute("VACUUM FULL chunks")
+    started = time.perf_counter()
+    migrate.upgrade(url)
+    log(f"  migrated in {time.perf_counter() - started:.0f} s")
+    with psycopg.connect(url, autocommit=True) as conn:
+        build_vector_index(conn, log=log)
+        conn.execute("VACUUM ANALYZE")
+
+
+def attach(url: str, scale: int, vectors: str = "random") -> Corpus:
     """A corpus built earlier, in a database that is already running."""
     with psycopg.connect(url) as conn:
         (assistant,) = conn.execute(
             "SELECT value FROM bench_meta WHERE key = 'assistant'"
         ).fetchone()
-    return Corpus(url=url, scale=scale, tenant_id=TENANT, assistant_id=assistant)
+    return Corpus(url=url, scale=scale, tenant_id=TENANT, assistant_id=assistant, vectors=vectors)
 
 
 def words() -> list[str]:
@@ -163,16 +222,54 @@ def unit_vectors(rng: np.random.Generator, n: int) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-def questions(count: int) -> Iterator[tuple[str, np.ndarray]]:
-    """Question texts (two common terms, three of middling rank, one rare) with random vectors."""
+def near(rng: np.random.Generator, centres: np.ndarray, cosine: float) -> np.ndarray:
+    """Unit vectors at the given cosine from each centre, in random directions."""
+    noise = unit_vectors(rng, len(centres))
+    noise -= np.sum(noise * centres, axis=1, keepdims=True) * centres
+    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+    return (cosine * centres + np.sqrt(1 - cosine**2) * noise).astype(np.float32)
+
+
+def topics(scale: int) -> np.ndarray:
+    """The document topics of the target assistant's corpus of this scale (clustered vectors)."""
+    rng = np.random.default_rng(SEED + 2)
+    themes = unit_vectors(rng, THEMES)
+    documents = scale // CHUNKS_PER_DOCUMENT
+    return near(rng, themes[rng.integers(0, THEMES, documents)], THEME_COSINE)
+
+
+def clustered_vectors(
+    rng: np.random.Generator, topic: np.ndarray, first: int, n: int
+) -> np.ndarray:
+    """Chunks first..first+n: each at TOPIC_COSINE from its document's topic.
+
+    Two chunks of one document are about 0.56 alike, of one theme about 0.2, others about 0,
+    roughly as sentence embeddings of related and unrelated passages are. The spread around
+    each topic is isotropic in all dimensions, which is harder for HNSW than real embeddings.
+    """
+    documents = np.arange(first, first + n) // CHUNKS_PER_DOCUMENT
+    return near(rng, topic[documents], TOPIC_COSINE)
+
+
+def questions(count: int, c: Corpus | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """Question texts (two common terms, three of middling rank, one rare) with vectors.
+
+    The vectors are random unit vectors, or for a clustered corpus new chunks of random
+    documents of its target assistant (servable or not).
+    """
     rng = np.random.default_rng(SEED + 1)
     vocab = words()
+    topic = topics(c.scale) if c is not None and c.vectors == "clustered" else None
     for _ in range(count):
         ids = [*rng.integers(0, 30, 2), *rng.integers(30, 2000, 3), rng.integers(2000, VOCABULARY)]
-        yield " ".join(vocab[i] for i in ids), unit_vectors(rng, 1)[0]
+        if topic is None:
+            vector = unit_vectors(rng, 1)[0]
+        else:
+            vector = near(rng, topic[rng.integers(0, len(topic), 1)], TOPIC_COSINE)[0]
+        yield " ".join(vocab[i] for i in ids), vector
 
 
-def build(conn: psycopg.Connection, scale: int, *, log=print) -> str:
+def build(conn: psycopg.Connection, scale: int, *, vectors: str = "random", log=print) -> str:
     register_vector(conn)
     now = datetime.now(UTC)
     target = str(uuid.uuid4())
@@ -184,7 +281,13 @@ def build(conn: psycopg.Connection, scale: int, *, log=print) -> str:
     conn.execute("DROP INDEX IF EXISTS ix_chunks_embedding_hnsw")
     rng = np.random.default_rng(SEED)
     vocab = np.array(words())
-    for assistant_id, tenant, count in assistants:
+    for number, (assistant_id, tenant, count) in enumerate(assistants):
+        # The distractors' topics are their own (the target's, from another seed).
+        topic = None
+        if vectors == "clustered":
+            # The distractors' topics are their own, unrelated to the target's.
+            documents = unit_vectors(rng, count // CHUNKS_PER_DOCUMENT)
+            topic = topics(count) if number == 0 else near(rng, documents, THEME_COSINE)
         conn.execute(
             """INSERT INTO assistants (id, tenant_id, display_name, create_time, update_time,
                  system_prompt, model, temperature, max_output_tokens, enable_rag,
@@ -215,7 +318,7 @@ def build(conn: psycopg.Connection, scale: int, *, log=print) -> str:
                         f"doc-{i}.txt",
                         "text/plain",
                         1000,
-                        "0" * 64,
+                        hashlib.sha256(doc.bytes).hexdigest(),
                         f"documents/{doc}",
                         state,
                         "",
@@ -231,11 +334,14 @@ def build(conn: psycopg.Connection, scale: int, *, log=print) -> str:
         done = 0
         while done < count:
             n = min(BATCH, count - done)
-            vectors = unit_vectors(rng, n)
+            if vectors == "clustered":
+                batch = clustered_vectors(rng, topic, done, n)
+            else:
+                batch = unit_vectors(rng, n)
             terms = vocab[zipf_ids(rng, n * WORDS_PER_CHUNK)].reshape(n, WORDS_PER_CHUNK)
             with conn.cursor().copy(
                 "COPY chunks (id, document_id, tenant_id, assistant_id, chunk_index, text,"
-                " start_offset, end_offset, start_line, end_line, heading_path, embedding)"
+                " start_offset, end_offset, start_line, end_line, heading_path, context, embedding)"
                 " FROM STDIN WITH (FORMAT BINARY)"
             ) as copy:
                 copy.set_types(
@@ -251,6 +357,7 @@ def build(conn: psycopg.Connection, scale: int, *, log=print) -> str:
                         "int4",
                         "int4",
                         "text[]",
+                        "text",
                         "vector",
                     ]
                 )
@@ -270,18 +377,26 @@ def build(conn: psycopg.Connection, scale: int, *, log=print) -> str:
                             1,
                             1,
                             [],
-                            vectors[j],
+                            "",
+                            batch[j],
                         )
                     )
             done += n
             log(f"  {assistant_id[:8]}: {done:,}/{count:,} chunks")
+    build_vector_index(conn, log=log)
+    conn.execute("VACUUM ANALYZE")
+    return target
+
+
+def build_vector_index(conn: psycopg.Connection, *, log=print) -> None:
     log("building the HNSW index")
     started = time.perf_counter()
     conn.execute("SET maintenance_work_mem = '4GB'")
     conn.execute("SET max_parallel_maintenance_workers = 1")
+    # As migration 0007 builds it.
     conn.execute(
-        "CREATE INDEX ix_chunks_embedding_hnsw ON chunks USING hnsw (embedding vector_cosine_ops)"
+        "CREATE INDEX IF NOT EXISTS ix_chunks_embedding_hnsw"
+        " ON chunks USING hnsw (embedding vector_cosine_ops)"
+        " WITH (m = 16, ef_construction = 128)"
     )
     log(f"  HNSW index in {time.perf_counter() - started:.0f} s")
-    conn.execute("VACUUM ANALYZE")
-    return target

@@ -2,12 +2,17 @@
 
     .venv/bin/python bench/search.py                   # 10k chunks (built once, ~1 min)
     .venv/bin/python bench/search.py --scale 100000    # built once, ~10 min on 2 busy cores
+    .venv/bin/python bench/search.py --scale 100000 --vectors random clustered
 
 The corpus (bench/corpus.py) is kept under /tmp/fnbench between runs. Printed:
 - hybrid search p50/p95 through `search` (two connections at once) and through the previous
   implementation (one connection, ef_search 40, every full-text match ranked), same questions;
+- where the time goes: the vector query, the full-text query (each on its own, outside a
+  transaction, the way `search` runs them) and fusion;
 - recall@10 of the vector query against exact search (no index) on the same vectors, under
-  the tenant and assistant filters, for the large assistant and for a tenth-size one.
+  the tenant and assistant filters, for the large assistant and for a tenth-size one;
+each for random unit vectors (the worst case for HNSW) and, with `--vectors clustered`, for
+vectors clustered the way embeddings of real documents are (bench/corpus.py).
 """
 
 from __future__ import annotations
@@ -142,6 +147,27 @@ async def time_previous(db, c, questions):
     return timings
 
 
+def stage_timings(db, c, questions):
+    """Each part of `search` alone: vector query, full-text query, fusion."""
+    limit = current.candidate_limit(TOP_K)
+    stages = {"vector": [], "text": [], "fusion": []}
+    for q, v in questions:
+        t0 = time.perf_counter()
+        vector_rows = db.read(
+            lambda s, v=v: current.vector_candidates(s, c.tenant_id, c.assistant_id, v, limit)
+        )
+        t1 = time.perf_counter()
+        text_rows = db.read(
+            lambda s, q=q: current.text_candidates(s, c.tenant_id, c.assistant_id, q, limit)
+        )
+        t2 = time.perf_counter()
+        current.rank(vector_rows, text_rows, TOP_K, 0.0)
+        t3 = time.perf_counter()
+        for name, d in zip(stages, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            stages[name].append(d)
+    return stages
+
+
 def truths(db, tenant_id, assistant_id, questions):
     return [
         set(db.transact(lambda s, v=v: exact_ids(s, tenant_id, assistant_id, v, 10)))
@@ -150,34 +176,57 @@ def truths(db, tenant_id, assistant_id, questions):
 
 
 def recall(db, tenant_id, assistant_id, questions, truth, ef_search):
+    """Mean recall@10 at this ef_search, and the vector query's p50 time."""
     current.EF_SEARCH = ef_search
-    found = []
+    found, timings = [], []
     for (_, v), expected in zip(questions, truth, strict=True):
+        began = time.perf_counter()
         got = db.transact(
             lambda s, v=v: current.vector_candidates(s, tenant_id, assistant_id, v, 10)
         )
+        timings.append(time.perf_counter() - began)
         found.append(len(expected & {r.id for r in got}) / max(1, len(expected)))
-    return statistics.fmean(found)
+    return statistics.fmean(found), percentile(timings, 50)
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=int, default=10_000, help="chunks in the assistant")
     parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument(
+        "--previous-queries",
+        type=int,
+        default=20,
+        help="questions for the previous search (seconds each at 100k)",
+    )
+    parser.add_argument("--vectors", nargs="*", choices=corpus.VECTORS, default=["random"])
     parser.add_argument("--recall-queries", type=int, default=50)
     parser.add_argument("--ef-search", type=int, nargs="*", default=[40, 100, 200, 400])
     parser.add_argument("--database-url", help="a built corpus database, instead of starting one")
     args = parser.parse_args()
 
-    stack = None
-    if args.database_url:
-        c = corpus.attach(args.database_url, args.scale)
-    else:
-        stack = corpus.start_postgres()
-        c = corpus.open_corpus(stack, args.scale)
+    stack = None if args.database_url else corpus.start_postgres()
+    try:
+        for vectors in args.vectors:
+            if stack is None:
+                server = args.database_url
+                c = corpus.attach(
+                    corpus.database_url(server, corpus.database_name(args.scale, vectors)),
+                    args.scale,
+                    vectors,
+                )
+            else:
+                c = corpus.open_corpus(stack, args.scale, vectors=vectors)
+            await measure(c, args)
+    finally:
+        if stack is not None:
+            stack.stop()
+
+
+async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
     db = Database(make_engine(c.url, pool_size=4))
     try:
-        questions = [(q, [float(x) for x in v]) for q, v in corpus.questions(args.queries)]
+        questions = [(q, [float(x) for x in v]) for q, v in corpus.questions(args.queries, c)]
         small = db.transact(
             lambda s: s.execute(
                 text("SELECT id FROM assistants WHERE tenant_id = :t AND id <> :a LIMIT 1"),
@@ -185,17 +234,21 @@ async def main() -> None:
             ).scalar_one()
         )
         print(
-            f"hybrid search, {c.scale:,} chunks in the assistant, top_k {TOP_K}, "
-            f"{len(questions)} questions, ef_search {current.EF_SEARCH}"
+            f"hybrid search, {c.vectors} vectors, {c.scale:,} chunks in the assistant, "
+            f"top_k {TOP_K}, {len(questions)} questions ({args.previous_queries} for the "
+            f"previous search), ef_search {current.EF_SEARCH}"
         )
         # One warm-up pass each, so both read from a warm cache.
         await time_current(db, c, questions[:10])
-        await time_previous(db, c, questions[:10])
-        previous = await time_previous(db, c, questions)
+        await time_previous(db, c, questions[:3])
+        previous = await time_previous(db, c, questions[: args.previous_queries])
         now = await time_current(db, c, questions)
         for name, t in (("previous", previous), ("current ", now)):
             print(f"  {name}: p50 {ms(percentile(t, 50))}  p95 {ms(percentile(t, 95))}")
         print(f"  p95 ratio current/previous: {percentile(now, 95) / percentile(previous, 95):.3f}")
+        print("  where the time goes (each part alone, one after the other), p50 / p95:")
+        for name, t in stage_timings(db, c, questions).items():
+            print(f"    {name:7s} {ms(percentile(t, 50))} / {ms(percentile(t, 95))}")
 
         print("vector recall@10 against exact search (same vectors and filters)")
         chosen = current.EF_SEARCH
@@ -203,17 +256,15 @@ async def main() -> None:
         big_truth = truths(db, c.tenant_id, c.assistant_id, rq)
         tenth_truth = truths(db, c.tenant_id, str(small), rq)
         for ef in args.ef_search:
-            big = recall(db, c.tenant_id, c.assistant_id, rq, big_truth, ef)
-            tenth = recall(db, c.tenant_id, str(small), rq, tenth_truth, ef)
+            big, big_time = recall(db, c.tenant_id, c.assistant_id, rq, big_truth, ef)
+            tenth, tenth_time = recall(db, c.tenant_id, str(small), rq, tenth_truth, ef)
             print(
-                f"  ef_search {ef:4d}: {big:.3f} ({c.scale:,} chunks)   "
-                f"{tenth:.3f} ({c.scale // 10:,} chunks)"
+                f"  ef_search {ef:4d}: {big:.3f} ({c.scale:,} chunks, p50 {ms(big_time)})   "
+                f"{tenth:.3f} ({c.scale // 10:,} chunks, p50 {ms(tenth_time)})"
             )
         current.EF_SEARCH = chosen
     finally:
         db.dispose()
-        if stack is not None:
-            stack.stop()
 
 
 if __name__ == "__main__":

@@ -10,14 +10,14 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
 from services.assistants.domain import AssistantSettings
 from services.assistants.domain import get_assistant as load_assistant
-from services.chat.gate import needs_retrieval
+from services.chat.early import EarlyRetrieval, EarlyStarter, SearchPlan, plan_for
 from services.citations import (
     Citations,
     CitationSpan,
@@ -213,6 +213,7 @@ class ChatEngine:
         self.db = db
         self.embedder = embedder
         self.questions = QueryBatcher(embedder)
+        self.early = EarlyStarter()
         self.generator = generator
         self.presenter = presenter
         # Evidence scores with the local model whatever retrieval embeds with: its thresholds
@@ -231,15 +232,42 @@ class ChatEngine:
                 earlier = store.earlier_turns(s, tenant_id, inp.conversation_id, inp.assistant_id)
             return settings, stored, earlier
 
+        question = inp.messages[-1].content
+        # The question is embedded (and often searched) while the assistant is being loaded.
+        early = self.early.start(
+            tenant_id,
+            inp.assistant_id,
+            question,
+            self.questions.embed_query,
+            lambda plan, vector: self.search(tenant_id, inp.assistant_id, question, plan, vector),
+        )
+        try:
+            # aclosing: a closed answer closes the upstream request at once (see respond).
+            async with contextlib.aclosing(
+                self.respond(tenant_id, inp, question, load, early)
+            ) as events:
+                async for event in events:
+                    yield event
+        finally:
+            early.cancel()
+
+    async def respond(
+        self,
+        tenant_id: str,
+        inp: ChatInput,
+        question: str,
+        load: Callable[[Session], tuple[AssistantSettings, store.StoredAnswer | None, list[Turn]]],
+        early: EarlyRetrieval,
+    ) -> AsyncIterator[AnswerEvent]:
         settings, stored, earlier = await self.db.run(load)
+        self.early.remember(tenant_id, inp.assistant_id, settings)
         if stored is not None:
             await self.check_same_request(inp, stored)
             yield AnswerDelta(stored.content)
             yield AnswerComplete(await self.replay(tenant_id, stored, settings))
             return
-        question = inp.messages[-1].content
         chunks, stats = await traced(
-            "chat.retrieve", self.retrieve(tenant_id, inp.assistant_id, question, settings)
+            "chat.retrieve", self.retrieve(tenant_id, inp.assistant_id, question, settings, early)
         )
         cite = settings.enable_citations
         if inp.options.include_citations is not None:
@@ -364,24 +392,48 @@ class ChatEngine:
             )
         )
 
-    async def retrieve(
-        self, tenant_id: str, assistant_id: str, question: str, settings: AssistantSettings
-    ) -> tuple[list[RetrievedChunk], RetrievalStats]:
-        if not settings.enable_rag:
-            return [], RetrievalStats(mode=Retrieval.DISABLED)
-        if settings.enable_retrieval_gate and not needs_retrieval(question):
-            return [], RetrievalStats(mode=Retrieval.GATED)
-        began = time.perf_counter()
+    async def search(
+        self,
+        tenant_id: str,
+        assistant_id: str,
+        question: str,
+        plan: SearchPlan,
+        vector: Awaitable[Sequence[float]],
+    ) -> list[RetrievedChunk]:
         # The full-text query runs while the question is being embedded.
-        hits = await search(
+        return await search(
             self.db,
             tenant_id=tenant_id,
             assistant_id=assistant_id,
             query=question,
-            query_vector=self.questions.embed_query(question),
-            top_k=settings.top_k,
-            score_threshold=settings.score_threshold,
+            query_vector=vector,
+            top_k=plan.top_k,
+            score_threshold=plan.score_threshold,
         )
+
+    async def retrieve(
+        self,
+        tenant_id: str,
+        assistant_id: str,
+        question: str,
+        settings: AssistantSettings,
+        early: EarlyRetrieval | None = None,
+    ) -> tuple[list[RetrievedChunk], RetrievalStats]:
+        plan = plan_for(settings, question)
+        if plan is None:
+            if early is not None:
+                early.cancel()
+            mode = Retrieval.DISABLED if not settings.enable_rag else Retrieval.GATED
+            return [], RetrievalStats(mode=mode)
+        began = time.perf_counter()
+        started = early.searched_with(plan) if early is not None else None
+        if started is not None:
+            hits = await started
+        else:
+            vector = early.vector if early is not None else None
+            if vector is None:
+                vector = self.questions.embed_query(question)
+            hits = await self.search(tenant_id, assistant_id, question, plan, vector)
         stats = RetrievalStats(
             duration_seconds=time.perf_counter() - began, chunks_returned=len(hits)
         )

@@ -142,11 +142,13 @@ class Chunk(Base):
     __tablename__ = "chunks"
     __table_args__ = (
         UniqueConstraint("document_id", "chunk_index"),
+        # ef_construction 128: a denser graph than pgvector's default of 64 (migration 0007).
         Index(
             "ix_chunks_embedding_hnsw",
             "embedding",
             postgresql_using="hnsw",
             postgresql_ops={"embedding": "vector_cosine_ops"},
+            postgresql_with={"m": 16, "ef_construction": 128},
         ),
         Index("ix_chunks_tsv", "tsv", postgresql_using="gin"),
     )
@@ -174,6 +176,7 @@ class Chunk(Base):
     # DOCX only: 1-based numbers of the body's non-empty paragraphs the chunk spans.
     paragraph_start: Mapped[int | None] = mapped_column(Integer)
     paragraph_end: Mapped[int | None] = mapped_column(Integer)
+    # Kept in the row (storage MAIN, migration 0007) so exact search reads no TOAST.
     embedding: Mapped[list[float]] = mapped_column(Vector(EMBEDDING_DIM))
     tsv: Mapped[str] = mapped_column(
         TSVECTOR,

@@ -1,7 +1,8 @@
 """Hybrid search: pgvector cosine and Postgres full-text, fused by reciprocal rank.
 
 The vector query and the text query are independent: `search` runs them at once on two
-pooled connections, `hybrid_search` one after the other in a caller's session. Both return
+pooled connections, each outside a transaction, `hybrid_search` one after the other in a
+caller's session. Both return
 the same chunks. Each query returns its candidates with their provenance, so fusion needs no
 third round trip. Ties are broken by stable keys (document name, document sha256, chunk
 index), never by the random row ids, so the same question over the same documents ranks the
@@ -25,9 +26,11 @@ from services.db.session import Database
 from services.retrieval import fusion
 from services.retrieval.fusion import diversify, fuse, normalize_score
 
-# HNSW keeps this many candidates while it walks the graph. At the default of 40, recall@10
-# against exact search was 0.04 at 100k random unit vectors; see docs/performance.md.
-EF_SEARCH = 200
+# HNSW keeps this many candidates while it walks the graph. On 100k clustered vectors (shaped
+# like embeddings of documents) and the index of migration 0007, recall@10 against exact
+# search was 0.96 at 40 and 0.997 at 100. Random unit vectors, where no index helps, reach
+# only a fraction at any affordable value; see docs/performance.md.
+EF_SEARCH = 100
 # An assistant with at most this many chunks is searched exactly (no HNSW): cheap at that
 # size, and a filtered HNSW scan over a small share of a large table finds little.
 EXACT_MAX_CHUNKS = 20_000
@@ -60,15 +63,15 @@ SEARCHABLE = """
       )
 """
 
-# One round trip sets both for this transaction only. relaxed_order: filtering after an HNSW
-# scan can leave too few rows, so the scan keeps going; rows may come slightly out of order.
+# relaxed_order: filtering after an HNSW scan can leave too few rows, so the scan keeps going;
+# rows may come slightly out of order. Both are set in one round trip: for the transaction
+# (:local true), or once per connection for reads outside a transaction (they matter only to
+# HNSW scans, which only this module runs).
+ITERATIVE_SCAN = "relaxed_order"
 HNSW_SETTINGS_SQL = text(
-    "SELECT set_config('hnsw.ef_search', :ef_search, true),"
-    " set_config('hnsw.iterative_scan', 'relaxed_order', true)"
+    "SELECT set_config('hnsw.ef_search', :ef_search, :local),"
+    " set_config('hnsw.iterative_scan', :iterative_scan, :local)"
 )
-# Without index scans the planner can still find the assistant's rows through a bitmap scan,
-# but never through HNSW: the nearest rows are then computed exactly.
-EXACT_SETTINGS_SQL = text("SELECT set_config('enable_indexscan', 'off', true)")
 
 VECTOR_SQL = text(
     f"""
@@ -80,6 +83,26 @@ VECTOR_SQL = text(
     """
 )
 
+# Exact search: the ORDER BY sits outside a subquery that OFFSET 0 keeps apart, so the planner
+# cannot answer it from the HNSW index; the assistant's rows come through a bitmap scan. Only
+# ids and distances are sorted, and the columns are read for the winners alone.
+EXACT_VECTOR_SQL = text(
+    f"""
+    WITH nearest AS MATERIALIZED (
+      SELECT id, distance FROM (
+        SELECT c.id, c.embedding <=> CAST(:query AS vector) AS distance
+        FROM chunks c JOIN documents d ON d.id = c.document_id
+        WHERE {SEARCHABLE}
+        OFFSET 0
+      ) searchable
+      ORDER BY distance
+      LIMIT :limit
+    )
+    SELECT {CANDIDATE_COLUMNS}, 1 - n.distance AS similarity
+    FROM nearest n JOIN chunks c ON c.id = n.id JOIN documents d ON d.id = c.document_id
+    """
+)
+
 CHUNK_COUNT_SQL = text(
     """
     SELECT coalesce(sum(d.chunk_count), 0) FROM documents d
@@ -88,23 +111,47 @@ CHUNK_COUNT_SQL = text(
     """
 )
 
-# The question's terms as the index stores them.
-TERMS_SQL = text("SELECT tsvector_to_array(to_tsvector('english', :query))")
+# The question's terms as the index stores them, rarest first: each term's share of chunks
+# is looked up in :common / :shares (from pg_stats), any other term's is :floor. Terms are
+# kept while the chunks they are expected to match (the running sum of share * :chunks) stay
+# within :budget, and the rarest is always kept: a term in most chunks says little about any
+# one of them, and ranking every chunk it matches is what made full text slow. Chosen in the
+# query itself, which saves a round trip; the kept terms are OR-ed into a tsquery, each
+# quoted so that tsquery input takes it as it is.
+CHOSEN_TERMS = r"""
+    lexemes AS (
+      SELECT t.term, coalesce(f.share, :floor) AS share
+      FROM unnest(tsvector_to_array(to_tsvector('english', :query))) AS t(term)
+      LEFT JOIN unnest(CAST(:common AS text[]), CAST(CAST(:shares AS real[]) AS float8[]))
+        AS f(term, share)
+        ON f.term = t.term
+    ), ranked AS (
+      SELECT term, row_number() OVER w AS n, sum(share * :chunks) OVER w AS expected
+      FROM lexemes WINDOW w AS (ORDER BY share, term COLLATE "C")
+    ), chosen AS (
+      SELECT CAST(string_agg(
+               chr(39) || replace(replace(term, chr(92), chr(92) || chr(92)),
+                                  chr(39), chr(39) || chr(39)) || chr(39),
+               ' | ' ORDER BY n) AS tsquery) AS terms
+      FROM ranked WHERE n = 1 OR expected <= :budget
+    )
+"""
+CHOSEN_TERMS_SQL = text(f"WITH {CHOSEN_TERMS} SELECT CAST(terms AS text) FROM chosen")
 
 # The chosen terms, OR-ed: a chunk sharing any of them is a candidate. Only the candidates
 # (at most :cap of them) are ranked; provenance is read for the best :limit only. The title
 # and headings are weighted 'A', the text 'D' (fusion.TEXT_RANK_WEIGHTS).
 TEXT_SQL = text(
     f"""
-    WITH matches AS MATERIALIZED (
+    WITH {CHOSEN_TERMS}, matches AS MATERIALIZED (
       SELECT c.id, c.tsv, d.display_name, d.sha256, c.chunk_index
       FROM chunks c JOIN documents d ON d.id = c.document_id
       WHERE {SEARCHABLE}
-        AND c.tsv @@ CAST(:terms AS tsquery)
+        AND c.tsv @@ (SELECT terms FROM chosen)
       LIMIT :cap
     ), best AS (
       SELECT id, display_name, sha256, chunk_index,
-             ts_rank_cd(CAST(:weights AS float4[]), tsv, CAST(:terms AS tsquery)) AS rank
+             ts_rank_cd(CAST(:weights AS float4[]), tsv, (SELECT terms FROM chosen)) AS rank
       FROM matches ORDER BY rank DESC, display_name, sha256, chunk_index LIMIT :limit
     )
     SELECT {CANDIDATE_COLUMNS}, best.rank
@@ -114,9 +161,16 @@ TEXT_SQL = text(
 )
 TEXT_RANK_WEIGHTS = "{" + ",".join(str(w) for w in fusion.TEXT_RANK_WEIGHTS) + "}"
 
+# The statistics as array literals, passed back as they are: adapting a thousand terms and
+# shares to a query's parameters in Python cost more than the round trip this query saves.
+# The shares end with three more numbers (two bounds and the share of NULLs), which unnest
+# pairs with no term; the least share of a listed term bounds every term left out.
 TERM_STATS_SQL = text(
     """
-    SELECT most_common_elems::text::text[] AS terms, most_common_elem_freqs AS freqs
+    SELECT most_common_elems::text AS terms, most_common_elem_freqs::text AS shares,
+           (SELECT min(f) FROM unnest(
+              most_common_elem_freqs[1:array_length(most_common_elem_freqs, 1) - 3]) AS f
+           ) AS least
     FROM pg_stats
     WHERE schemaname = current_schema() AND tablename = 'chunks' AND attname = 'tsv'
     """
@@ -136,11 +190,12 @@ def vector_candidates(
 ) -> list[Row[Any]]:
     """The nearest chunks by cosine, most similar first."""
     if assistant_chunks(s, tenant_id, assistant_id) <= EXACT_MAX_CHUNKS:
-        s.execute(EXACT_SETTINGS_SQL)
+        sql = EXACT_VECTOR_SQL
     else:
-        s.execute(HNSW_SETTINGS_SQL, {"ef_search": str(EF_SEARCH)})
+        use_hnsw_settings(s)
+        sql = VECTOR_SQL
     rows = s.execute(
-        VECTOR_SQL,
+        sql,
         {
             "tenant": tenant_id,
             "assistant": uuid.UUID(assistant_id),
@@ -152,24 +207,33 @@ def vector_candidates(
     return sorted(rows, key=lambda r: (-r.similarity, *stable_key(r)))
 
 
+def use_hnsw_settings(s: Session) -> None:
+    """ef_search and iterative scans for the session's next HNSW scan.
+
+    In a transaction they are set for it alone. Outside one (`Database.read`) they are set for
+    the connection, once: the connection remembers what it was given.
+    """
+    wanted = {"ef_search": str(EF_SEARCH), "iterative_scan": ITERATIVE_SCAN}
+    conn = s.connection()
+    if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+        s.execute(HNSW_SETTINGS_SQL, {**wanted, "local": True})
+    elif conn.info.get("hnsw") != wanted:
+        s.execute(HNSW_SETTINGS_SQL, {**wanted, "local": False})
+        conn.info["hnsw"] = wanted
+
+
 def text_candidates(
     s: Session, tenant_id: str, assistant_id: str, query: str, limit: int
 ) -> list[Row[Any]]:
     """The chunks that share the question's rarest terms, best ts_rank_cd first."""
     if not query.strip():
         return []
-    params = {"tenant": tenant_id, "assistant": uuid.UUID(assistant_id)}
-    lexemes = s.execute(TERMS_SQL, {"query": query}).scalar_one()
-    if not lexemes:
-        return []
-    frequency, floor = term_frequencies(s)
-    chunks = assistant_chunks(s, tenant_id, assistant_id)
-    terms = rarest_terms(lexemes, frequency, floor, chunks)
     return s.execute(
         TEXT_SQL,
         {
-            **params,
-            "terms": " | ".join(map(tsquery_term, terms)),
+            **term_choice(s, tenant_id, assistant_id, query),
+            "tenant": tenant_id,
+            "assistant": uuid.UUID(assistant_id),
             "weights": TEXT_RANK_WEIGHTS,
             "cap": TEXT_CAP_ROWS,
             "limit": limit,
@@ -177,31 +241,28 @@ def text_candidates(
     ).all()
 
 
-def rarest_terms(
-    terms: Sequence[str],
-    frequency: dict[str, float],
-    floor: float,
-    chunks: int,
-    budget: int = TEXT_BUDGET_ROWS,
-) -> list[str]:
-    """The terms, rarest first, while the chunks they are expected to match fit the budget.
-
-    A term in most chunks says little about any one of them, and ranking every chunk it
-    matches is what made full text slow; the rarest term is always kept.
-    """
-    kept: list[str] = []
-    expected = 0.0
-    for term in sorted(set(terms), key=lambda t: (frequency.get(t, floor), t)):
-        expected += frequency.get(term, floor) * chunks
-        if kept and expected > budget:
-            break
-        kept.append(term)
-    return kept
+def term_choice(
+    s: Session, tenant_id: str, assistant_id: str, query: str, budget: int = TEXT_BUDGET_ROWS
+) -> dict[str, Any]:
+    """The parameters of CHOSEN_TERMS: the question, the term statistics and the budget."""
+    common, shares, floor = term_frequencies(s)
+    return {
+        "query": query,
+        "common": common,
+        "shares": shares,
+        "floor": floor,
+        "chunks": assistant_chunks(s, tenant_id, assistant_id),
+        "budget": budget,
+    }
 
 
-def tsquery_term(term: str) -> str:
-    """A lexeme quoted for tsquery input, which takes it as is, without normalising again."""
-    return "'" + term.replace("\\", "\\\\").replace("'", "''") + "'"
+def chosen_terms(
+    s: Session, tenant_id: str, assistant_id: str, query: str, budget: int = TEXT_BUDGET_ROWS
+) -> str | None:
+    """The tsquery the full-text query searches with, as text; None when there are no terms."""
+    return s.execute(
+        CHOSEN_TERMS_SQL, term_choice(s, tenant_id, assistant_id, query, budget)
+    ).scalar_one()
 
 
 _chunk_counts: dict[tuple[str, str, str], tuple[float, int]] = {}
@@ -213,7 +274,7 @@ def assistant_chunks(s: Session, tenant_id: str, assistant_id: str) -> int:
     Only chooses how to search (exact or HNSW, which terms to rank): a stale count changes the
     cost of a search, not which documents it may return.
     """
-    key = (str(s.get_bind().url), tenant_id, assistant_id)
+    key = (str(s.get_bind().engine.url), tenant_id, assistant_id)
     now = time.monotonic()
     cached = _chunk_counts.get(key)
     if cached is not None and cached[0] > now:
@@ -227,29 +288,28 @@ def assistant_chunks(s: Session, tenant_id: str, assistant_id: str) -> int:
     return int(count)
 
 
-_term_stats: dict[str, tuple[float, dict[str, float], float]] = {}
+_term_stats: dict[str, tuple[float, str, str, float]] = {}
 
 
-def term_frequencies(s: Session) -> tuple[dict[str, float], float]:
-    """The share of chunks holding each common term, and a bound for every other term.
+def term_frequencies(s: Session) -> tuple[str, str, float]:
+    """The common terms and the share of chunks holding each (array literals for CHOSEN_TERMS),
+    and a share for every other term.
 
     Read from pg_stats (the most common lexemes ANALYZE found), cached per database.
     """
-    key = str(s.get_bind().url)
+    key = str(s.get_bind().engine.url)
     now = time.monotonic()
     cached = _term_stats.get(key)
     if cached is not None and cached[0] > now:
-        return cached[1], cached[2]
+        return cached[1], cached[2], cached[3]
     row = s.execute(TERM_STATS_SQL).first()
-    frequency: dict[str, float] = {}
-    floor = 0.0
+    terms, shares, floor = "{}", "{}", 0.0
     if row is not None and row.terms:
-        # The list of frequencies ends with three more numbers: minimum, maximum, null share.
-        frequency = dict(zip(row.terms, row.freqs, strict=False))
+        terms, shares = row.terms, row.shares
         # A term left out of the list is rarer than every term on it.
-        floor = min(frequency.values()) / 2
-    _term_stats[key] = (now + TERM_STATS_SECONDS, frequency, floor)
-    return frequency, floor
+        floor = float(row.least) / 2
+    _term_stats[key] = (now + TERM_STATS_SECONDS, terms, shares, floor)
+    return terms, shares, floor
 
 
 def stable_key(row: Row[Any]) -> tuple[str, str, int]:
@@ -306,19 +366,23 @@ async def search(
     top_k: int,
     score_threshold: float = 0.0,
 ) -> list[RetrievedChunk]:
-    """hybrid_search with its two queries running at once, each in its own transaction.
+    """hybrid_search with its two queries running at once on two connections.
 
-    The vector is awaited here, so the full-text query can run while it is being computed.
+    Each runs outside a transaction (`Database.read`): they only read, and BEGIN and COMMIT
+    were two of a query's three round trips. The vector is awaited here, so the full-text
+    query can run while it is being computed.
     """
     limit = candidate_limit(top_k)
 
     async def nearest() -> list[Row[Any]]:
         vector = await query_vector
-        return await db.run(lambda s: vector_candidates(s, tenant_id, assistant_id, vector, limit))
+        return await db.run_read(
+            lambda s: vector_candidates(s, tenant_id, assistant_id, vector, limit)
+        )
 
     vector_rows, text_rows = await asyncio.gather(
         nearest(),
-        db.run(lambda s: text_candidates(s, tenant_id, assistant_id, query, limit)),
+        db.run_read(lambda s: text_candidates(s, tenant_id, assistant_id, query, limit)),
     )
     return rank(vector_rows, text_rows, top_k, score_threshold)
 

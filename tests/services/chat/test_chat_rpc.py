@@ -7,6 +7,7 @@ import uuid
 import grpc
 import httpx
 import pytest
+from google.protobuf import field_mask_pb2
 
 from footnote.v1 import assistants_service_pb2 as apb
 from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
@@ -156,6 +157,34 @@ async def test_citations_off_and_rag_off_leave_citations_unset(chat, channel, ap
         hpb.ListMessagesRequest(conversation_id=reply.conversation_id), metadata=bearer(api_key)
     )
     assert [m.HasField("citations") for m in stored.messages] == [False, False]
+
+
+async def test_changed_settings_win_over_the_search_started_early(chat, channel, api_key, corpus):
+    # Each answer starts its search before the assistant is loaded, on the settings the
+    # previous answer saw; a search on settings that have changed since must not be used.
+    assistant, _ = corpus
+    first = await chat.Complete(ask(assistant), metadata=bearer(api_key))
+    assert first.retrieval.chunks_returned > 1
+    stub = apb_grpc.AssistantsServiceStub(channel)
+
+    async def update(path: str, **settings) -> None:
+        await stub.UpdateAssistant(
+            apb.UpdateAssistantRequest(
+                assistant=apb.Assistant(id=assistant, settings=apb.AssistantSettings(**settings)),
+                update_mask=field_mask_pb2.FieldMask(paths=[f"settings.{path}"]),
+            ),
+            metadata=bearer(api_key),
+        )
+
+    await update("top_k", top_k=1)
+    narrowed = await chat.Complete(ask(assistant), metadata=bearer(api_key))
+    assert narrowed.retrieval.chunks_returned == 1
+    await update("enable_rag", enable_rag=False)
+    off = await chat.Complete(ask(assistant), metadata=bearer(api_key))
+    assert off.retrieval.skip_reason == pb.RETRIEVAL_SKIP_REASON_RAG_DISABLED
+    await update("enable_rag", enable_rag=True)
+    on = await chat.Complete(ask(assistant), metadata=bearer(api_key))
+    assert on.retrieval.chunks_returned == 1 and "25 days" in on.message.content
 
 
 async def test_greeting_skips_retrieval(chat, api_key, corpus):

@@ -46,3 +46,22 @@ def test_a_dead_connection_is_retried_once_and_then_reported(db, single):
     with pytest.raises(OperationalError):
         single.transact(work)
     assert len(calls) == 2  # the first attempt and one retry, no more
+
+
+def test_read_commits_each_statement_on_its_own(db):
+    def two_ids(s):
+        return [s.execute(text("SELECT txid_current()")).scalar_one() for _ in range(2)]
+
+    read = db.read(two_ids)
+    transacted = db.transact(two_ids)
+    assert read[0] != read[1]
+    assert transacted[0] == transacted[1]
+
+
+def test_read_replaces_a_pooled_connection_the_server_dropped(db, single):
+    dropped = single.read(lambda s: s.execute(text("SELECT pg_backend_pid()")).scalar_one())
+    terminate(db, dropped)
+
+    now = single.read(lambda s: s.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+    assert now != dropped

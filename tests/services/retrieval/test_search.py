@@ -12,9 +12,11 @@ from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
 from footnote.v1 import documents_service_pb2 as pb
 from footnote.v1 import documents_service_pb2_grpc as pb_grpc
 from services.citations import ScoreKind
+from services.db.session import Database, make_engine
+from services.retrieval import search as searching
 from services.retrieval.embeddings import create_embedder
 from services.retrieval.fusion import fuse
-from services.retrieval.search import hybrid_search, rarest_terms, tsquery_term
+from services.retrieval.search import hybrid_search
 from services.retrieval.search import search as hybrid_search_concurrently
 from tests.support import bearer, ingest
 
@@ -224,27 +226,94 @@ async def test_concurrent_search_returns_what_sequential_search_returns(
         assert concurrent, question
 
 
-def test_the_rarest_terms_are_kept_within_the_budget():
-    frequency = {"the": 0.9, "leave": 0.3, "annual": 0.05}
-    # 1,000 chunks: "sick" (unknown, so rarer than all listed) 10, "annual" 50, "leave" 300.
-    terms = ["the", "annual", "leave", "sick", "leave"]
-    assert rarest_terms(terms, frequency, 0.01, 1000, budget=100) == ["sick", "annual"]
-    assert rarest_terms(terms, frequency, 0.01, 1000, budget=400) == ["sick", "annual", "leave"]
+async def test_hnsw_search_outside_a_transaction_matches_the_transaction(
+    channel, make_key, db, embedder, monkeypatch
+):
+    # Every assistant searched through HNSW: the settings are then set per connection by
+    # `search` and per transaction by `hybrid_search`, and both must find the same chunks.
+    monkeypatch.setattr(searching, "EXACT_MAX_CHUNKS", -1)
+    tenant = "hnsw-" + uuid.uuid4().hex[:6]
+    key = make_key(tenant)
+    assistant = await make_assistant(channel, key)
+    docs = pb_grpc.DocumentsServiceStub(channel)
+    await ingest(docs, key, assistant, "leave.md", LEAVE)
+    await ingest(docs, key, assistant, "kitchen.md", COFFEE)
+
+    for question in ("How many vacation days?", "espresso machine", "sick leave"):
+        sequential = search(db, embedder, tenant, assistant, question)
+
+        async def vector(q=question):
+            return embedder.embed_query(q)
+
+        concurrent = await hybrid_search_concurrently(
+            db,
+            tenant_id=tenant,
+            assistant_id=assistant,
+            query=question,
+            query_vector=vector(),
+            top_k=5,
+        )
+        assert concurrent == sequential
+        assert concurrent, question
+
+
+def test_hnsw_settings_outside_a_transaction_stay_with_the_connection(settings):
+    single = Database(make_engine(settings.database_url or "", pool_size=1))
+
+    def shown(s):
+        return s.execute(text("SHOW hnsw.ef_search")).scalar_one()
+
+    try:
+        in_transaction = single.transact(lambda s: (searching.use_hnsw_settings(s), shown(s)))
+        assert in_transaction[1] == str(searching.EF_SEARCH)
+        single.read(searching.use_hnsw_settings)
+        assert single.read(shown) == str(searching.EF_SEARCH)
+        assert single.transact(shown) == str(searching.EF_SEARCH)
+    finally:
+        single.dispose()
+
+
+def choose(db, query, common, shares, floor, chunks, budget):
+    params = {
+        "query": query,
+        "common": "{" + ",".join(common) + "}",
+        "shares": "{" + ",".join(map(str, shares)) + "}",
+        "floor": floor,
+        "chunks": chunks,
+        "budget": budget,
+    }
+    return db.read(lambda s: s.execute(searching.CHOSEN_TERMS_SQL, params).scalar_one())
+
+
+def test_the_rarest_terms_are_kept_within_the_budget(db):
+    common, shares = ["common", "leav", "annual"], [0.9, 0.3, 0.05]
+    question = "The common annual leave, sick leave"  # "the" is a stop word
+    # 1,000 chunks: "sick" (unknown, so rarer than all listed) 10, "annual" 50, "leav" 300.
+    assert choose(db, question, common, shares, 0.01, 1000, 100) == "'sick' | 'annual'"
+    assert choose(db, question, common, shares, 0.01, 1000, 400) == ("'sick' | 'annual' | 'leav'")
     # A small assistant keeps every term; a huge one still keeps the rarest.
-    assert rarest_terms(terms, frequency, 0.01, 50, budget=100) == [
-        "sick",
-        "annual",
-        "leave",
-        "the",
-    ]
-    assert rarest_terms(terms, frequency, 0.01, 10**7, budget=100) == ["sick"]
+    assert choose(db, question, common, shares, 0.01, 50, 100) == (
+        "'sick' | 'annual' | 'leav' | 'common'"
+    )
+    assert choose(db, question, common, shares, 0.01, 10**7, 100) == "'sick'"
+    assert choose(db, "the and of", common, shares, 0.01, 1000, 100) is None
 
 
 def test_terms_are_quoted_for_tsquery(db):
-    for term in ("plain", "o'neil", "back\\slash", "a:b", "x & y"):
-        parsed = db.transact(
-            lambda s, t=term: s.execute(
-                text("SELECT querytree(CAST(:q AS tsquery))"), {"q": tsquery_term(t)}
-            ).scalar_one()
-        )
-        assert parsed == tsquery_term(term), term
+    # Lexemes with characters that tsquery input would read as syntax, or split again.
+    question = "e-mail a@b.example /usr/local v1.2.3 o'neil x:y back\\slash (and) !not"
+    chosen = choose(db, question, [], [], 0.01, 10, 10**6)
+    lexemes = db.read(
+        lambda s: s.execute(
+            text("SELECT tsvector_to_array(to_tsvector('english', :q))"), {"q": question}
+        ).scalar_one()
+    )
+    parsed = db.read(
+        lambda s: s.execute(
+            text("SELECT querytree(CAST(:c AS tsquery))"), {"c": chosen}
+        ).scalar_one()
+    )
+    assert parsed == chosen
+    assert sorted(chosen.split(" | ")) == sorted(
+        "'" + t.replace("\\", "\\\\").replace("'", "''") + "'" for t in lexemes
+    )

@@ -1,0 +1,111 @@
+"""Retrieval started when a request arrives, before the assistant has been loaded.
+
+The question's embedding needs nothing from the assistant, so it always starts at once. The
+search needs the assistant's settings (whether it retrieves, top_k, the score threshold): it
+starts at once too when the settings seen in this process's last answer for that assistant
+say how, and its result is used only if the settings loaded for this answer say the same.
+Otherwise it is cancelled and the search runs again on the loaded settings. The remembered
+settings choose what to start early, never what an answer is built from; the search filters
+by tenant and assistant as always, so an early search for an assistant that is not the
+caller's finds nothing and is thrown away with the request's NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from services.assistants.domain import AssistantSettings
+from services.chat.gate import needs_retrieval
+
+T = TypeVar("T")
+MAX_REMEMBERED = 10_000
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """What a search depends on besides the question and the documents."""
+
+    top_k: int
+    score_threshold: float
+
+
+def plan_for(settings: AssistantSettings, question: str) -> SearchPlan | None:
+    """How an answer on these settings searches, or None when it does not retrieve."""
+    if not settings.enable_rag:
+        return None
+    if settings.enable_retrieval_gate and not needs_retrieval(question):
+        return None
+    return SearchPlan(settings.top_k, settings.score_threshold)
+
+
+class EarlyRetrieval:
+    """One request's early work: the question's vector and maybe its search."""
+
+    def __init__(
+        self,
+        vector: asyncio.Future[Sequence[float]] | None,
+        plan: SearchPlan | None,
+        search: asyncio.Future[T] | None,
+    ) -> None:
+        self.vector = vector
+        self.plan = plan
+        self.search = search
+
+    def searched_with(self, plan: SearchPlan) -> asyncio.Future | None:
+        """The early search if it ran on this plan; None when it must run again."""
+        if self.search is not None and self.plan == plan:
+            return self.search
+        if self.search is not None:
+            discard(self.search)
+            self.search = None
+        return None
+
+    def cancel(self) -> None:
+        for task in (self.vector, self.search):
+            if task is not None:
+                discard(task)
+
+
+def discard(task: asyncio.Future) -> None:
+    """Cancels a task whose result is not wanted; a failure it already had is not reported."""
+    if task.done():
+        if not task.cancelled():
+            task.exception()
+    else:
+        task.cancel()
+
+
+class EarlyStarter:
+    """Starts a request's retrieval early, from the settings its assistant had last time."""
+
+    def __init__(self, max_remembered: int = MAX_REMEMBERED) -> None:
+        self.max_remembered = max_remembered
+        self._settings: dict[tuple[str, str], AssistantSettings] = {}
+
+    def remember(self, tenant_id: str, assistant_id: str, settings: AssistantSettings) -> None:
+        if len(self._settings) >= self.max_remembered:
+            self._settings.clear()
+        self._settings[(tenant_id, assistant_id)] = settings
+
+    def start(
+        self,
+        tenant_id: str,
+        assistant_id: str,
+        question: str,
+        embed: Callable[[str], Awaitable[Sequence[float]]],
+        search: Callable[[SearchPlan, Awaitable[Sequence[float]]], Awaitable[T]],
+    ) -> EarlyRetrieval:
+        known = self._settings.get((tenant_id, assistant_id))
+        plan = plan_for(known, question) if known is not None else None
+        if known is not None and plan is None:
+            # It did not retrieve last time: nothing is started on a guess.
+            return EarlyRetrieval(None, None, None)
+        vector = asyncio.ensure_future(embed(question))
+        if plan is None:
+            return EarlyRetrieval(vector, None, None)
+        # Shielded: cancelling the early search must leave the vector to a search run again.
+        early = asyncio.ensure_future(search(plan, asyncio.shield(vector)))
+        return EarlyRetrieval(vector, plan, early)
