@@ -137,6 +137,8 @@ def create_server(settings: Settings, deps: Deps) -> tuple[grpc.aio.Server, int]
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # gRPC cancels a call left unaccepted this long; the client's deadline still holds.
+            ("grpc.server_max_unrequested_time_in_server", settings.grpc_accept_timeout_seconds),
         ],
     )
     assistants_service_pb2_grpc.add_AssistantsServiceServicer_to_server(
