@@ -235,7 +235,7 @@ def build(conn: psycopg.Connection, scale: int, *, log=print) -> str:
             terms = vocab[zipf_ids(rng, n * WORDS_PER_CHUNK)].reshape(n, WORDS_PER_CHUNK)
             with conn.cursor().copy(
                 "COPY chunks (id, document_id, tenant_id, assistant_id, chunk_index, text,"
-                " start_offset, end_offset, start_line, end_line, heading_path, embedding)"
+                " start_offset, end_offset, start_line, end_line, heading_path, context, embedding)"
                 " FROM STDIN WITH (FORMAT BINARY)"
             ) as copy:
                 copy.set_types(
@@ -251,6 +251,7 @@ def build(conn: psycopg.Connection, scale: int, *, log=print) -> str:
                         "int4",
                         "int4",
                         "text[]",
+                        "text",
                         "vector",
                     ]
                 )
@@ -270,6 +271,7 @@ def build(conn: psycopg.Connection, scale: int, *, log=print) -> str:
                             1,
                             1,
                             [],
+                            "",
                             vectors[j],
                         )
                     )
