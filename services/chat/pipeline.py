@@ -238,7 +238,7 @@ class ChatEngine:
             yield AnswerComplete(await self.replay(tenant_id, stored, settings))
             return
         question = inp.messages[-1].content
-        chunks, stats = await traced(
+        chunks, stats, question_vector = await traced(
             "chat.retrieve", self.retrieve(tenant_id, inp.assistant_id, question, settings)
         )
         cite = settings.enable_citations
@@ -264,6 +264,7 @@ class ChatEngine:
             sources=manifest.sources,
             source_texts=[c.text for c in manifest.chunks],
             question=question,
+            question_vector=question_vector,
             retrieval=stats.mode,
             model=settings.model,
             temperature=settings.temperature
@@ -366,27 +367,36 @@ class ChatEngine:
 
     async def retrieve(
         self, tenant_id: str, assistant_id: str, question: str, settings: AssistantSettings
-    ) -> tuple[list[RetrievedChunk], RetrievalStats]:
+    ) -> tuple[list[RetrievedChunk], RetrievalStats, list[float] | None]:
+        """The chunks, the statistics, and the question's vector when it was embedded."""
         if not settings.enable_rag:
-            return [], RetrievalStats(mode=Retrieval.DISABLED)
+            return [], RetrievalStats(mode=Retrieval.DISABLED), None
         if settings.enable_retrieval_gate and not needs_retrieval(question):
-            return [], RetrievalStats(mode=Retrieval.GATED)
+            return [], RetrievalStats(mode=Retrieval.GATED), None
         began = time.perf_counter()
         # The full-text query runs while the question is being embedded.
-        hits = await search(
-            self.db,
-            tenant_id=tenant_id,
-            assistant_id=assistant_id,
-            query=question,
-            query_vector=self.questions.embed_query(question),
-            top_k=settings.top_k,
-            score_threshold=settings.score_threshold,
-        )
+        vector = asyncio.ensure_future(self.questions.embed_query(question))
+        try:
+            hits = await search(
+                self.db,
+                tenant_id=tenant_id,
+                assistant_id=assistant_id,
+                query=question,
+                query_vector=vector,
+                top_k=settings.top_k,
+                score_threshold=settings.score_threshold,
+            )
+        finally:
+            if not vector.done():
+                vector.cancel()
+            elif not vector.cancelled():
+                vector.exception()  # seen here, so a failure search raised is not logged again
         stats = RetrievalStats(
             duration_seconds=time.perf_counter() - began, chunks_returned=len(hits)
         )
         RETRIEVAL_DURATION.observe(stats.duration_seconds)
-        return hits, stats
+        embedded = vector.done() and not vector.cancelled() and vector.exception() is None
+        return hits, stats, vector.result() if embedded else None
 
     async def present(
         self,
