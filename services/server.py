@@ -131,6 +131,7 @@ class Deps:
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
+    """The gRPC channel arguments of the server."""
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -227,7 +228,6 @@ def install_stop_signals(stop: asyncio.Event) -> None:
 
 
 def main(settings: Settings) -> None:
-
     async def run() -> None:
         stop = asyncio.Event()
         install_stop_signals(stop)
