@@ -13,6 +13,7 @@ sentence is weak evidence, the answer says that the documents do not say, and ci
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import re
 import threading
@@ -119,8 +120,9 @@ class Candidate:
 def candidates_of(request: GenerationRequest) -> list[Candidate]:
     """Every statement of every source, scored by shared words only."""
     wanted = Counter(terms(request.question))
-    per_source = [statements_of(t) for t in request.source_texts]
-    statement_terms = [[set(terms(f"{s.text} {s.match_text}")) for s in ss] for ss in per_source]
+    parsed = [_statements_with_terms(t) for t in request.source_texts]
+    per_source = [[statement for statement, _ in ss] for ss in parsed]
+    statement_terms = [[have for _, have in ss] for ss in parsed]
     doc_freq = Counter(t for ts in statement_terms for s in ts for t in s)
     total = sum(len(ts) for ts in statement_terms) + 1
     weight = {t: math.log(1 + total / (1 + doc_freq[t])) for t in wanted}
@@ -144,6 +146,13 @@ def candidates_of(request: GenerationRequest) -> list[Candidate]:
             own = tuple(sorted((t, weight[t] / wanted_weight) for t in wanted if t in have))
             found.append(Candidate(index, document, statement, lexical, named=named, found=own))
     return found
+
+
+@functools.lru_cache(maxsize=2048)
+def _statements_with_terms(text: str) -> tuple[tuple[Statement, frozenset[str]], ...]:
+    # A chunk's statements and their stems depend on its text alone, and the same chunks come
+    # back for related questions: splitting them was most of what the cached vectors left.
+    return tuple((s, frozenset(terms(f"{s.text} {s.match_text}"))) for s in statements_of(text))
 
 
 def _context_terms(request: GenerationRequest, index: int) -> set[str]:
