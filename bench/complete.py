@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/complete.py
 
-Three servers on the same database, in the same run: this tree, the code this branch started
-from (its merge base with `main`, exported with `git archive`: the baseline of the ratio,
-without the work merged into main since), and a bare grpc.aio server
-that returns a CompleteResponse of the same size (the ceiling). The assistant holds the
+Servers on the same database, in the same run: this tree (once per event loop in `--loops`),
+the code at `--baseline` (default: this branch's merge base with `main`; exported with
+`git archive`: the baseline of the ratio), and a bare grpc.aio server that returns a
+CompleteResponse of the same size (the ceiling). The assistant holds the
 1,000-chunk corpus of bench/corpus.py; RAG and citations are on.
 """
 
@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -36,14 +37,13 @@ MAIN_TREE = Path("/tmp/fnbench-main")
 
 
 @contextlib.contextmanager
-def main_tree() -> Iterator[Path]:
-    """The code this branch started from (its merge base with main), with its own stubs."""
+def main_tree(revision: str | None = None) -> Iterator[Path]:
+    """The code at revision (default: this branch's merge base with main), with its own stubs."""
     shutil.rmtree(MAIN_TREE, ignore_errors=True)
     MAIN_TREE.mkdir(parents=True)
     git = ["git", "-C", str(ROOT)]
-    base = subprocess.run(
-        [*git, "merge-base", "HEAD", "main"], check=True, capture_output=True, text=True
-    ).stdout.strip()
+    which = [*git, "rev-parse", revision] if revision else [*git, "merge-base", "HEAD", "main"]
+    base = subprocess.run(which, check=True, capture_output=True, text=True).stdout.strip()
     archive = subprocess.run([*git, "archive", base], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(MAIN_TREE)], input=archive, check=True)
     import grpc_tools
@@ -118,6 +118,18 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 16])
+    parser.add_argument(
+        "--baseline",
+        help="the git revision to compare with (default: the merge base with main); the "
+        "issue's 54 / 82 req/s were measured on f58d6f6",
+    )
+    parser.add_argument(
+        "--loops",
+        nargs="*",
+        choices=["asyncio", "uvloop"],
+        default=["asyncio", "uvloop"] if importlib.util.find_spec("uvloop") else ["asyncio"],
+        help="event loops to run this tree's server on, each a server of its own",
+    )
     args = parser.parse_args()
 
     stack = corpus.start_stack()
@@ -136,28 +148,42 @@ async def main() -> None:
             for q, _ in corpus.questions(args.requests)
         ]
         results: dict[str, dict[int, tuple[float, int]]] = {}
-        with main_tree() as tree, footnote_server(endpoints, None) as current:
-            async with grpc.aio.insecure_channel(current) as channel:
+        with contextlib.ExitStack() as running:
+            tree = running.enter_context(main_tree(args.baseline))
+            servers = {
+                f"this, {loop}": running.enter_context(
+                    footnote_server(endpoints, None, event_loop=loop)
+                )
+                for loop in args.loops
+            }
+            async with grpc.aio.insecure_channel(next(iter(servers.values()))) as channel:
                 sample = await pb_grpc.ChatServiceStub(channel).Complete(
                     requests[0], metadata=metadata
                 )
             env = {"PYTHONPATH": str(tree)}
-            with (
-                footnote_server(endpoints, None, cwd=tree, env=env) as previous,
-                bare_unary(sample.SerializeToString()) as bare,
-            ):
-                for n in args.concurrency:
-                    for name, target in (("main", previous), ("this", current), ("bare", bare)):
-                        results.setdefault(name, {})[n] = await load(target, requests, n, metadata)
-        print(f"unary Complete, extractive, {args.requests} requests, 1,000-chunk assistant")
+            servers = {
+                "before": running.enter_context(
+                    footnote_server(endpoints, None, cwd=tree, env=env)
+                ),
+                **servers,
+                "bare gRPC": running.enter_context(bare_unary(sample.SerializeToString())),
+            }
+            for n in args.concurrency:
+                for name, target in servers.items():
+                    results.setdefault(name, {})[n] = await load(target, requests, n, metadata)
+        print(
+            f"unary Complete, extractive, {args.requests} requests, 1,000-chunk assistant; "
+            f"before = {args.baseline or 'the merge base with main'}"
+        )
         for n in args.concurrency:
-            row = {name: results[name][n] for name in results}
-            print(
-                f"  concurrency {n:2d}: before {row['main'][0]:6.1f} req/s, this "
-                f"{row['this'][0]:6.1f} req/s ({row['this'][0] / row['main'][0]:.2f}x before), "
-                f"bare gRPC {row['bare'][0]:7.1f} req/s; errors "
-                f"{row['main'][1]}/{row['this'][1]}/{row['bare'][1]}"
-            )
+            before = results["before"][n][0]
+            print(f"  concurrency {n:2d}:")
+            for name, by_concurrency in results.items():
+                rate, errors = by_concurrency[n]
+                print(
+                    f"    {name:16s} {rate:8.1f} req/s  {rate / before:5.2f}x before  "
+                    f"errors {errors}"
+                )
     finally:
         stack.stop()
 

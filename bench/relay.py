@@ -8,13 +8,17 @@ A scripted upstream streams `deltas` chunks per answer, one write each; Footnote
 server streaming the same number of StreamCompleteResponse deltas. Both batches run in the
 same run, alternately, `--rounds` times; printed per batch: upstream deltas relayed per second
 (wall time of the whole batch), the ratio to the echo, failed calls, the p99 gap between
-messages of a stream, and the median time to the first message.
+the delta messages of a stream, the median time to the first delta, and the p99 time from
+the last delta to the end of the call (Footnote stores the exchange and sends the final
+message then). Footnote runs once per event loop in `--loops` (asyncio, uvloop).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import importlib.util
 import itertools
 import statistics
 import time
@@ -29,13 +33,15 @@ from footnote.v1 import chat_service_pb2_grpc as pb_grpc
 
 
 async def one_stream(stub, request, metadata):
+    """When the call began, when each delta arrived, the characters, when it ended."""
     began = time.perf_counter()
     stamps = []
     chars = 0
     async for message in stub.StreamComplete(request, metadata=metadata):
-        stamps.append(time.perf_counter())
-        chars += len(message.delta.content)
-    return began, stamps, chars
+        if message.HasField("delta"):
+            stamps.append(time.perf_counter())
+            chars += len(message.delta.content)
+    return began, stamps, chars, time.perf_counter()
 
 
 async def batch(target: str, streams: int, request, metadata):
@@ -57,18 +63,21 @@ async def batch(target: str, streams: int, request, metadata):
         if isinstance(r, BaseException) and not isinstance(r, grpc.aio.AioRpcError)
     )
     ok = [r for r in results if not isinstance(r, BaseException)]
-    gaps = [b - a for _, stamps, _ in ok for a, b in itertools.pairwise(stamps)]
-    first = [stamps[0] - start for start, stamps, _ in ok if stamps]
-    return wall, errors, gaps, first, ok
+    gaps = [b - a for _, stamps, _, _ in ok for a, b in itertools.pairwise(stamps)]
+    first = [stamps[0] - start for start, stamps, _, _ in ok if stamps]
+    # After the last delta Footnote still stores the exchange and sends the final message.
+    tail = [end - stamps[-1] for _, stamps, _, end in ok if stamps]
+    return wall, errors, gaps, first, ok, tail
 
 
-def summary(name, deltas, streams, wall, errors, gaps, first):
+def summary(name, deltas, streams, wall, errors, gaps, first, ok, tail):
     rate = streams * deltas / wall
     first_ms = statistics.median(first) * 1000 if first else float("nan")
     print(
-        f"  {name:9s} {rate:9,.0f} deltas/s  wall {wall:6.2f} s  errors {sum(errors.values())}"
-        f"{' ' + str(dict(errors)) if errors else ''}  p99 gap {percentile(gaps, 99) * 1000:6.1f}"
-        f" ms  first message p50 {first_ms:7.1f} ms"
+        f"  {name:16s} {rate:9,.0f} deltas/s  wall {wall:6.2f} s  errors {sum(errors.values())}"
+        f"{' ' + str(dict(errors)) if errors else ''}  p99 gap between deltas "
+        f"{percentile(gaps, 99) * 1000:6.1f} ms  first delta p50 {first_ms:7.1f} ms  last "
+        f"delta to end p99 {percentile(tail, 99) * 1000:6.1f} ms"
     )
     return rate
 
@@ -78,6 +87,13 @@ async def main() -> None:
     parser.add_argument("--streams", type=int, nargs="*", default=[1, 100])
     parser.add_argument("--deltas", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--loops",
+        nargs="*",
+        choices=["asyncio", "uvloop"],
+        default=["asyncio", "uvloop"] if importlib.util.find_spec("uvloop") else ["asyncio"],
+        help="event loops to run Footnote on, each a server of its own (FOOTNOTE_EVENT_LOOP)",
+    )
     args = parser.parse_args()
 
     stack = corpus.start_stack(corpus.state_dir().with_name("fnbench-relay"))
@@ -91,36 +107,42 @@ async def main() -> None:
             messages=[pb.ChatMessage(role=pb.ROLE_USER, content="Tell me a long story.")],
         )
         metadata = (("authorization", f"Bearer {key}"),)
-        with (
-            upstream(args.deltas) as llm,
+        with contextlib.ExitStack() as running:
+            llm = running.enter_context(upstream(args.deltas))
+            bare = running.enter_context(echo(args.deltas))
             # A batch of long answers on 2 busy cores can outlast the default answer deadline.
-            footnote_server(endpoints, llm, llm_timeout_seconds="600") as relay,
-            echo(args.deltas) as bare,
-        ):
+            relays = {
+                f"footnote {loop}": running.enter_context(
+                    footnote_server(endpoints, llm, llm_timeout_seconds="600", event_loop=loop)
+                )
+                for loop in args.loops
+            }
             print(f"relay: {args.deltas:,} upstream deltas per stream, {args.rounds} rounds")
-            for target in (bare, relay):  # connections, caches and the upstream pool warm up
+            for target in (bare, *relays.values()):  # connections and the pool warm up
                 await batch(target, 4, request, metadata)
             for streams in args.streams:
                 print(f"{streams} concurrent streams")
-                ratios = []
+                ratios: dict[str, list[float]] = {name: [] for name in relays}
                 for _ in range(args.rounds):
                     e = await batch(bare, streams, request, metadata)
-                    f = await batch(relay, streams, request, metadata)
-                    echo_rate = summary("echo", args.deltas, streams, *e[:4])
-                    relay_rate = summary("footnote", args.deltas, streams, *f[:4])
-                    assert all(c == args.deltas * len("word ") for _, _, c in f[4]), "text lost"
-                    ratios.append(relay_rate / echo_rate)
-                    messages = statistics.fmean(len(stamps) for _, stamps, _ in f[4])
+                    echo_rate = summary("echo", args.deltas, streams, *e)
+                    for name, relay in relays.items():
+                        f = await batch(relay, streams, request, metadata)
+                        rate = summary(name, args.deltas, streams, *f)
+                        assert all(r[2] == args.deltas * len("word ") for r in f[4]), "text lost"
+                        ratios[name].append(rate / echo_rate)
+                        messages = statistics.fmean(len(r[1]) for r in f[4])
+                        gap_diff = (percentile(f[2], 99) - percentile(e[2], 99)) * 1000
+                        print(
+                            f"    {messages:,.0f} delta messages a stream for {args.deltas:,} "
+                            f"upstream deltas; ratio to the echo {ratios[name][-1]:.2f}, p99 gap "
+                            f"between deltas {gap_diff:+.1f} ms over the echo's"
+                        )
+                for name, values in ratios.items():
                     print(
-                        f"  footnote sent {messages:,.0f} messages a stream for "
-                        f"{args.deltas:,} upstream deltas"
+                        f"  {name}: median ratio over {args.rounds} rounds "
+                        f"{statistics.median(values):.2f}"
                     )
-                    gap_diff = (percentile(f[2], 99) - percentile(e[2], 99)) * 1000
-                    print(
-                        f"  ratio footnote/echo {ratios[-1]:.2f}, p99 gap difference "
-                        f"{gap_diff:+.1f} ms"
-                    )
-                print(f"  median ratio over {args.rounds} rounds: {statistics.median(ratios):.2f}")
     finally:
         stack.stop()
 

@@ -45,6 +45,12 @@ class Settings(BaseSettings):
 
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 50051
+    # A call the server has not picked up yet waits this long, then gRPC cancels it. The
+    # server picks up one call per turn of its event loop, so a thousand calls arriving while
+    # a thousand answers stream can queue for longer than gRPC's own 30 s (CANCELLED).
+    grpc_accept_timeout_seconds: int = Field(default=300, ge=1)
+    # The server's event loop: asyncio's own, or uvloop (the uvloop package must be installed).
+    event_loop: Literal["asyncio", "uvloop"] = "asyncio"
     http_port: int = 8080
     public_base_url: str | None = None
     state_dir: Path = Path("state")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -129,15 +130,23 @@ class Deps:
         self.tasks.close()
 
 
+def server_options(settings: Settings) -> list[tuple[str, int]]:
+    """The gRPC channel arguments of the server."""
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        # gRPC cancels a call left unaccepted this long (default 30 s) with CANCELLED; the
+        # client's own deadline still holds.
+        ("grpc.server_max_unrequested_time_in_server", settings.grpc_accept_timeout_seconds),
+    ]
+
+
 def create_server(settings: Settings, deps: Deps) -> tuple[grpc.aio.Server, int]:
     """Builds the server and binds its port without starting it; port 0 picks a free port."""
     server = grpc.aio.server(
         # Outermost first: observability sees the final status of every call, refused ones too.
         interceptors=[ObservabilityInterceptor(), FootnoteInterceptor(deps.authenticator)],
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ],
+        options=server_options(settings),
     )
     assistants_service_pb2_grpc.add_AssistantsServiceServicer_to_server(
         AssistantsServicer(deps.assistants), server
@@ -224,4 +233,16 @@ def main(settings: Settings) -> None:
         install_stop_signals(stop)
         await serve(settings, stop)
 
-    asyncio.run(run())
+    with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+        runner.run(run())
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop a server runs on; None is asyncio's default."""
+    if name == "uvloop":
+        try:
+            import uvloop
+        except ImportError as err:
+            raise RuntimeError("FOOTNOTE_EVENT_LOOP=uvloop needs the uvloop package") from err
+        return uvloop.new_event_loop
+    return None

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from services.assistants.domain import AssistantSettings
 from services.assistants.domain import get_assistant as load_assistant
-from services.chat.early import EarlyRetrieval, EarlyStarter, SearchPlan, plan_for
+from services.chat.early import EarlyRetrieval, EarlyStarter, SearchPlan, discard, plan_for
 from services.citations import (
     Citations,
     CitationSpan,
@@ -266,7 +266,7 @@ class ChatEngine:
             yield AnswerDelta(stored.content)
             yield AnswerComplete(await self.replay(tenant_id, stored, settings))
             return
-        chunks, stats = await traced(
+        chunks, stats, question_vector = await traced(
             "chat.retrieve", self.retrieve(tenant_id, inp.assistant_id, question, settings, early)
         )
         cite = settings.enable_citations
@@ -292,6 +292,7 @@ class ChatEngine:
             sources=manifest.sources,
             source_texts=[c.text for c in manifest.chunks],
             question=question,
+            question_vector=question_vector,
             retrieval=stats.mode,
             model=settings.model,
             temperature=settings.temperature
@@ -418,27 +419,33 @@ class ChatEngine:
         question: str,
         settings: AssistantSettings,
         early: EarlyRetrieval | None = None,
-    ) -> tuple[list[RetrievedChunk], RetrievalStats]:
+    ) -> tuple[list[RetrievedChunk], RetrievalStats, Sequence[float] | None]:
+        """The chunks, the statistics, and the question's vector when it was embedded."""
         plan = plan_for(settings, question)
         if plan is None:
             if early is not None:
                 early.cancel()
             mode = Retrieval.DISABLED if not settings.enable_rag else Retrieval.GATED
-            return [], RetrievalStats(mode=mode)
+            return [], RetrievalStats(mode=mode), None
         began = time.perf_counter()
+        vector = early.vector if early is not None else None
+        if vector is None:
+            vector = asyncio.ensure_future(self.questions.embed_query(question))
         started = early.searched_with(plan) if early is not None else None
-        if started is not None:
-            hits = await started
-        else:
-            vector = early.vector if early is not None else None
-            if vector is None:
-                vector = self.questions.embed_query(question)
-            hits = await self.search(tenant_id, assistant_id, question, plan, vector)
+        try:
+            if started is not None:
+                hits = await started
+            else:
+                hits = await self.search(tenant_id, assistant_id, question, plan, vector)
+        except BaseException:
+            discard(vector)
+            raise
         stats = RetrievalStats(
             duration_seconds=time.perf_counter() - began, chunks_returned=len(hits)
         )
         RETRIEVAL_DURATION.observe(stats.duration_seconds)
-        return hits, stats
+        embedded = vector.done() and not vector.cancelled() and vector.exception() is None
+        return hits, stats, vector.result() if embedded else None
 
     async def present(
         self,

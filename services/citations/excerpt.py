@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import bisect
+import functools
 import re
 
 ELLIPSIS = "..."
@@ -28,6 +28,7 @@ _STOPWORDS = frozenset(
 )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def stem(word: str) -> str:
     """A light suffix strip, so "warranties" meets "warranty" and "terminated" "terminate"."""
     w = word.lower()
@@ -103,24 +104,30 @@ def _best_window_start(flat: str, wanted: set[str], limit: int) -> int:
         for m in _WORD.finditer(flat)
         if m.group().lower() not in _STOPWORDS
     ]
-    token_starts = [start for start, _, _ in tokens]
-
-    def covered(start: int, width: int) -> int:
-        first = bisect.bisect_left(token_starts, start)
-        found = set()
-        for _, end, term in tokens[first:]:
-            if end > start + width:
-                break
-            if term in wanted:
-                found.add(term)
-        return len(found)
-
+    # One pass: the window's tokens are those that start at or after the candidate start and
+    # end within room of it. Both ends only move forward, so each token enters and leaves once
+    # (a word start is never inside a token, so a token before it has already entered).
+    counts: dict[str, int] = {}
+    first = last = 0
     best_key, best_start = (0, False, 0), 0
     for word in re.finditer(r"\S+", flat):
         start = word.start()
-        key = (covered(start, room), start in sentence_starts, -start)
+        while last < len(tokens) and tokens[last][1] <= start + room:
+            term = tokens[last][2]
+            if term in wanted:
+                counts[term] = counts.get(term, 0) + 1
+            last += 1
+        while first < last and tokens[first][0] < start:
+            term = tokens[first][2]
+            if term in wanted:
+                counts[term] -= 1
+                if not counts[term]:
+                    del counts[term]
+            first += 1
+        key = (len(counts), start in sentence_starts, -start)
         if key > best_key:
             best_key, best_start = key, start
-    if best_key[0] == 0 or covered(0, limit - len(ELLIPSIS)) >= best_key[0]:
+    if best_key[0] == 0:
         return 0
-    return best_start
+    head = {term for _, end, term in tokens if end <= limit - len(ELLIPSIS) and term in wanted}
+    return 0 if len(head) >= best_key[0] else best_start

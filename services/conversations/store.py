@@ -128,30 +128,36 @@ def store_exchange(
 ) -> tuple[str, str]:
     """Appends the request's turns and the answer; returns (conversation id, message id)."""
     now = utcnow()
+    added = len(new_turns) + 1
     if conversation_id:
         conversation = find_conversation(s, tenant_id, conversation_id, field="conversation_id")
         # Lock the conversation so two answers to it get distinct sequence numbers.
         s.refresh(conversation, with_for_update=True)
+        seq = (
+            s.scalar(
+                select(func.coalesce(func.max(Message.seq), 0)).where(
+                    Message.conversation_id == conversation.id
+                )
+            )
+            or 0
+        )
+        conversation.message_count += added
+        conversation.update_time = now
     else:
+        # A new conversation is written whole, with the messages in one flush: no read of the
+        # sequence numbers (there are none yet) and no update after the insert.
         first_question = next((t.content for t in new_turns if t.role == "user"), "")
         conversation = Conversation(
             id=uuid.uuid4(),
             tenant_id=tenant_id,
             assistant_id=uuid.UUID(assistant_id),
             title=" ".join(first_question.split())[:TITLE_CHARS],
-            message_count=0,
+            message_count=added,
             create_time=now,
+            update_time=now,
         )
         s.add(conversation)
-        s.flush()
-    seq = (
-        s.scalar(
-            select(func.coalesce(func.max(Message.seq), 0)).where(
-                Message.conversation_id == conversation.id
-            )
-        )
-        or 0
-    )
+        seq = 0
     for turn in new_turns:
         seq += 1
         s.add(
@@ -177,8 +183,6 @@ def store_exchange(
         create_time=now,
     )
     s.add(answer_row)
-    conversation.message_count += len(new_turns) + 1
-    conversation.update_time = now
     s.flush()
     return str(conversation.id), str(answer_row.id)
 

@@ -39,6 +39,9 @@ class GenerationRequest:
     # The full text of each source, aligned with sources (a source carries only an excerpt).
     source_texts: Sequence[str] = ()
     question: str = ""
+    # The question's vector from retrieval (same embedder), when it was embedded: a generator
+    # that ranks by meaning (the extractive one) need not embed the question again.
+    question_vector: Sequence[float] | None = None
     retrieval: Retrieval = Retrieval.RAN
     model: str = ""
     temperature: float = 0.0

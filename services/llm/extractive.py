@@ -13,9 +13,12 @@ sentence is weak evidence, the answer says that the documents do not say, and ci
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import re
-from collections import Counter
+import threading
+from array import array
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -70,6 +73,9 @@ COMMAND_BONUS = 1.15
 UNTYPED_PENALTY = 0.7
 # At most this many statements are embedded per question, the best by shared words first.
 MAX_EMBEDDED = 96
+# Sentence vectors kept for later questions (about 3 KB each): the same chunks come back for
+# related questions, and embedding their sentences was most of an answer's work.
+SENTENCE_CACHE_SIZE = 8192
 # Words that carry no topic, as a plain list.
 STOPWORDS = frozenset(
     re.split(
@@ -87,7 +93,7 @@ _stemmer = snowballstemmer.stemmer("english")
 class SentenceEmbedder(Protocol):
     """What the generator needs of an embedder (services.retrieval.embeddings.Embedder)."""
 
-    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]: ...
+    def embed_documents(self, texts: Sequence[str]) -> Sequence[Sequence[float]]: ...
 
     def embed_query(self, text: str) -> list[float]: ...
 
@@ -118,8 +124,9 @@ class Candidate:
 def candidates_of(request: GenerationRequest) -> list[Candidate]:
     """Every statement of every source, scored by shared words only."""
     wanted = Counter(terms(request.question))
-    per_source = [statements_of(t) for t in request.source_texts]
-    statement_terms = [[set(terms(f"{s.text} {s.match_text}")) for s in ss] for ss in per_source]
+    parsed = [_statements_with_terms(t) for t in request.source_texts]
+    per_source = [[statement for statement, _ in ss] for ss in parsed]
+    statement_terms = [[have for _, have in ss] for ss in parsed]
     doc_freq = Counter(t for ts in statement_terms for s in ts for t in s)
     total = sum(len(ts) for ts in statement_terms) + 1
     weight = {t: math.log(1 + total / (1 + doc_freq[t])) for t in wanted}
@@ -165,6 +172,13 @@ def _named_sources(request: GenerationRequest, wanted: set[str]) -> set[int]:
     return {i for i, count in enumerate(counts, start=1) if top and count == top}
 
 
+@functools.lru_cache(maxsize=2048)
+def _statements_with_terms(text: str) -> tuple[tuple[Statement, frozenset[str]], ...]:
+    # A chunk's statements and their stems depend on its text alone, and the same chunks come
+    # back for related questions: splitting them was most of what the cached vectors left.
+    return tuple((s, frozenset(terms(f"{s.text} {s.match_text}"))) for s in statements_of(text))
+
+
 def _context_terms(request: GenerationRequest, index: int) -> set[str]:
     if index > len(request.sources):
         return set()
@@ -178,10 +192,51 @@ def _document_of(request: GenerationRequest, index: int) -> str:
     return f"#{index}"
 
 
+class SentenceVectors:
+    """An embedder's vectors of sentences, the most recently used kept; safe across threads.
+
+    A text's vector does not depend on its batch, so a kept one is the one a new run would
+    give (the answer does not change).
+    """
+
+    def __init__(self, embedder: SentenceEmbedder, size: int = SENTENCE_CACHE_SIZE) -> None:
+        self.embedder = embedder
+        self.size = size
+        self._kept: OrderedDict[str, array[float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def embed_documents(self, texts: Sequence[str]) -> list[Sequence[float]]:
+        found: dict[str, Sequence[float]] = {}
+        with self._lock:
+            for text in texts:
+                if text in self._kept:
+                    self._kept.move_to_end(text)
+                    found[text] = self._kept[text]
+        missing = list(dict.fromkeys(t for t in texts if t not in found))
+        if missing:
+            vectors = self.embedder.embed_documents(missing)
+            with self._lock:
+                for text, vector in zip(missing, vectors, strict=True):
+                    found[text] = self._kept[text] = array("d", vector)
+                while len(self._kept) > self.size:
+                    self._kept.popitem(last=False)
+        return [found[t] for t in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embedder.embed_query(text)
+
+
 def score(
-    question: str, candidates: list[Candidate], embedder: SentenceEmbedder | None
+    question: str,
+    candidates: list[Candidate],
+    embedder: SentenceEmbedder | None,
+    *,
+    query_vector: Sequence[float] | None = None,
 ) -> list[Candidate]:
-    """Candidates with their final scores, best first; ties go to the earlier source and place."""
+    """Candidates with their final scores, best first; ties go to the earlier source and place.
+
+    query_vector is the question's vector under embedder, when the caller has it already.
+    """
     if embedder is None:
         scored = [_with(c, 0.0, c.lexical) for c in candidates]
     else:
@@ -189,7 +244,7 @@ def score(
         order = sorted(candidates, key=lambda c: (-c.lexical, c.source_index, c.statement.position))
         shortlist = order[:MAX_EMBEDDED]
         vectors = embedder.embed_documents([c.statement.match_text for c in shortlist])
-        query = embedder.embed_query(question)
+        query = query_vector if query_vector is not None else embedder.embed_query(question)
         scored = []
         for c, vector in zip(shortlist, vectors, strict=True):
             cosine = max(0.0, sum(a * b for a, b in zip(query, vector, strict=True)))
@@ -287,7 +342,7 @@ def compose(request: GenerationRequest, embedder: SentenceEmbedder | None = None
     candidates = candidates_of(request)
     if not any(c.lexical for c in candidates):
         return NOTHING_FOUND
-    ranked = score(request.question, candidates, embedder)
+    ranked = score(request.question, candidates, embedder, query_vector=request.question_vector)
     chosen = choose(
         ranked, semantic=embedder is not None, expected=expected_answer(request.question)
     )
@@ -301,7 +356,7 @@ class ExtractiveGenerator:
 
     def __init__(self, embedder: SentenceEmbedder | None = None) -> None:
         # Without an embedder sentences are ranked by shared words alone.
-        self.embedder = embedder
+        self.embedder = SentenceVectors(embedder) if embedder is not None else None
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         answer = await asyncio.to_thread(compose, request, self.embedder)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
+import orjson
 
 from services.errors import ResourceExhausted, Unavailable
 from services.llm.base import (
@@ -382,7 +383,9 @@ class _Answer:
             self.finish = self.finish or FinishReason.STOP
             return ""
         try:
-            chunk = json.loads(data)
+            # orjson: a chunk is parsed in about a fifth of json's time, and a relay parses
+            # one per token of every answer it streams.
+            chunk = orjson.loads(data)
         except ValueError as err:
             log.warning("LLM sent a malformed event: %r", data[:_LOGGED_BODY_CHARS])
             raise self.error(LLM_BAD_RESPONSE) from err
@@ -502,10 +505,10 @@ class _EventStreamDecoder:
         events: list[tuple[str, str]] = []
         if b"\r" not in self._buffer:
             # The common case, LF line ends only: one split instead of a search per line.
-            *lines, rest = self._buffer.split(b"\n")
+            *lines, rest = bytes(self._buffer).split(b"\n")
             for line in lines:
-                self._line(bytes(line), events)
-            self._buffer = rest
+                self._line(line, events)
+            self._buffer = bytearray(rest)
             if len(rest) > _MAX_EVENT_BYTES:
                 raise _error(LLM_BAD_RESPONSE, "", problem="line too long")
             return events
@@ -535,15 +538,19 @@ class _EventStreamDecoder:
                 events.append((self._kind, "\n".join(self._data)))
             self._kind, self._data, self._size = "", [], 0
             return
-        line = raw.decode("utf-8", "replace")
-        if line.startswith(":"):
+        if raw.startswith(b"data:"):
+            # Nearly every line: the fields are compared as bytes, only the value is decoded.
+            field, value = "data", raw[6:] if raw.startswith(b"data: ") else raw[5:]
+        elif raw.startswith(b":"):
             return  # a comment: servers send these to keep the connection alive
-        field, _, value = line.partition(":")
-        value = value.removeprefix(" ")
+        else:
+            name, _, value = raw.partition(b":")
+            field = name.decode("utf-8", "replace")
+            value = value.removeprefix(b" ")
         if field == "data":
-            self._data.append(value)
+            self._data.append(value.decode("utf-8", "replace"))
             self._size += len(raw)
             if self._size > _MAX_EVENT_BYTES:
                 raise _error(LLM_BAD_RESPONSE, "", problem="event too large")
         elif field == "event":
-            self._kind = value
+            self._kind = value.decode("utf-8", "replace")

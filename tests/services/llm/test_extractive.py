@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -13,6 +14,7 @@ from services.llm.extractive import (
     MAX_SENTENCES,
     NOTHING_FOUND,
     ExtractiveGenerator,
+    SentenceVectors,
     compose,
     terms,
 )
@@ -320,3 +322,69 @@ def test_admonitions_are_prose_and_lower_case_names_may_open_a_paragraph() -> No
     assert not any(":class:" in t or "```" in t for t in texts)
     # A list item continues the sentence before it: not a statement of its own.
     assert not any(t.startswith("assert copyright") for t in texts)
+
+
+class CountingEmbedder:
+    """The real embedder, counting the texts it is asked to embed."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.documents: list[str] = []
+        self.queries: list[str] = []
+
+    def embed_documents(self, texts):
+        self.documents.extend(texts)
+        return self.inner.embed_documents(texts)
+
+    def embed_query(self, text):
+        self.queries.append(text)
+        return self.inner.embed_query(text)
+
+
+async def answer_of(generator: ExtractiveGenerator, req: GenerationRequest) -> str:
+    return "".join([e.text async for e in generator.generate(req) if hasattr(e, "text")])
+
+
+async def test_sentences_are_embedded_once_and_the_answer_stays_the_same(embedder) -> None:
+    docs = (("kitchen.md", KITCHEN), ("apache.txt", APACHE_WARRANTY), ("gpl.txt", GPL_TERMINATION))
+    req = request("What does the license say about warranties?", *docs)
+    counting = CountingEmbedder(embedder)
+    generator = ExtractiveGenerator(counting)
+    first = await answer_of(generator, req)
+    embedded = len(counting.documents)
+    assert embedded > 3
+    assert len(set(counting.documents)) == embedded  # no sentence twice in one answer
+    again = await answer_of(generator, req)
+    assert again == first == await answer_of(ExtractiveGenerator(embedder), req)
+    assert len(counting.documents) == embedded  # the second answer embedded no sentence
+
+
+async def test_the_question_vector_from_retrieval_is_used_as_it_is(embedder) -> None:
+    docs = (("kitchen.md", KITCHEN), ("apache.txt", APACHE_WARRANTY))
+    question = "What does the license say about warranties?"
+    counting = CountingEmbedder(embedder)
+    generator = ExtractiveGenerator(counting)
+    plain = await answer_of(generator, request(question, *docs))
+    assert counting.queries == [question]
+    given = dataclasses.replace(
+        request(question, *docs), question_vector=embedder.embed_query(question)
+    )
+    assert await answer_of(generator, given) == plain
+    assert counting.queries == [question]  # not embedded again
+
+
+def test_the_sentence_cache_keeps_the_most_recently_used(embedder) -> None:
+    counting = CountingEmbedder(embedder)
+    vectors = SentenceVectors(counting, size=2)
+    [oat] = vectors.embed_documents(["Oat milk is on the shelf."])
+    vectors.embed_documents(["The machine is descaled on Fridays."])
+    vectors.embed_documents(["Oat milk is on the shelf."])  # kept, and now the most recent
+    vectors.embed_documents(["Tea is in the cupboard."])  # the descaling sentence goes
+    assert counting.documents == [
+        "Oat milk is on the shelf.",
+        "The machine is descaled on Fridays.",
+        "Tea is in the cupboard.",
+    ]
+    assert list(oat) == embedder.embed_documents(["Oat milk is on the shelf."])[0]
+    vectors.embed_documents(["Oat milk is on the shelf.", "The machine is descaled on Fridays."])
+    assert counting.documents[3:] == ["The machine is descaled on Fridays."]
