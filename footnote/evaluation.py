@@ -7,6 +7,7 @@ The metrics are defined in docs/quality.md; this module is their one implementat
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,6 +241,19 @@ def cited_share_min(outcomes: Sequence[Outcome]) -> float | None:
     return min(shares) if shares else None
 
 
+# What a model copies from the prompt instead of answering: the current source tags
+# (`<source id="1" title="...">`, `</source>`) or the earlier `[1] (Source: "...")` header.
+PASTED_HEADER = re.compile(r"</?source\b|\(Source:", re.IGNORECASE)
+
+
+def pasted_headers(outcomes: Sequence[Outcome]) -> float | None:
+    """The share of answers that paste a source header from the prompt."""
+    answered = [o for o in outcomes if not o.error]
+    if not answered:
+        return None
+    return sum(bool(PASTED_HEADER.search(o.answer)) for o in answered) / len(answered)
+
+
 def verdict_agreement(outcomes: Sequence[Outcome]) -> float | None:
     """Reserved: agreement of the evidence verdicts with eval/claims.jsonl (not yet computed)."""
     return None
@@ -286,6 +300,11 @@ METRICS: tuple[Metric, ...] = (
         cited_share_min,
     ),
     Metric(
+        "pasted_headers",
+        "answers that paste a source header or tag from the prompt (a model's failure)",
+        pasted_headers,
+    ),
+    Metric(
         "verdict_agreement",
         "evidence verdicts that agree with eval/claims.jsonl (not computed yet)",
         verdict_agreement,
@@ -328,6 +347,7 @@ def score(outcomes: Sequence[Outcome]) -> Report:
                 "abstained": o.abstained,
                 "retrieved_location_rank": o.retrieved_location_rank,
                 "error": o.error,
+                "answer": o.answer,
             }
         )
     return report

@@ -90,3 +90,16 @@ def test_load_questions_checks_every_line(tmp_path: Path) -> None:
     path.write_text(json.dumps(good))
     [question] = load_questions(path)
     assert question.answers[0].end_line == 3 and not question.no_answer
+
+
+def test_answers_that_paste_a_source_header_are_counted() -> None:
+    question = Question("q", "?", (TXT,), False)
+    answers = [
+        "The term is 60 days [1].",
+        '<source id="1" title="gpl-3.0.txt">\nYou may convey...',
+        '[2] (Source: "apache-2.0.txt") Licensor grants...',
+        "The documents do not say.",
+    ]
+    report = score([Outcome(question, (), (), answer=a) for a in answers])
+    assert report.metrics["pasted_headers"] == 0.5
+    assert [q["answer"] for q in report.questions] == answers
