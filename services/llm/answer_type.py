@@ -83,13 +83,21 @@ _SIZE = re.compile(
     re.I,
 )
 _TIME_OR_LENGTH = re.compile(
-    rf"(?:{_DIGITS}|{_WORDS}|\bone\b|\ba\b)[\s-]*(?:seconds?|minutes?|hours?|days?|weeks?"
+    rf"(?:{_DIGITS}|{_WORDS}|\bone\b|\ba\b|\ba\s+few\b|\bfew\b|\bseveral\b)[\s-]*"
+    r"(?:seconds?|minutes?|hours?|days?|weeks?"
     r"|months?|years?|characters?|bytes?|lines?|words?)\b"
     r"|\bas\s+long\s+as\b|\b(?:perpetual(?:ly)?|indefinitely|forever)\b",
     re.I,
 )
+_NO_LIMIT = re.compile(
+    r"\b(?:unlimited|unbounded|no\s+(?:limit|maximum|minimum|upper\s+limit|lower\s+limit))\b",
+    re.I,
+)
+# A version: "0.21", "v2", "version 3", a name and its number ("PostgreSQL 16", "Rust 1.29"),
+# or one given in words ("any later version").
 _VERSION = re.compile(
-    r"(?<![\w.])v?\d+\.\d+(?:\.\d+)*\b|\bversion\s+\d+"
+    r"(?<![\w.])v?\d+\.\d+(?:\.\d+)*\b|\b(?:version|v)\s*\d+"
+    r"|\b(?!(?:section|article|clause|chapter|step|exhibit|appendix)\b)(?-i:[A-Z])[\w+#-]*\s+\d+\b"
     r"|\b(?:any|later|latest|earlier|newer|older|same|current)\s+version\b",
     re.I,
 )
@@ -109,6 +117,8 @@ class Expected:
     unit: str = ""
 
     def met_by(self, sentence: str) -> bool:
+        if _NO_LIMIT.search(sentence) and self.kind is not Kind.VERSION:
+            return True  # "there is no maximum" answers "what is the maximum ..."
         if self.kind is Kind.SIZE:
             return bool(_SIZE.search(sentence))
         if self.kind is Kind.LENGTH:
