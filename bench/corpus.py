@@ -282,10 +282,10 @@ def build(conn: psycopg.Connection, scale: int, *, vectors: str = "random", log=
     rng = np.random.default_rng(SEED)
     vocab = np.array(words())
     for number, (assistant_id, tenant, count) in enumerate(assistants):
-        # The distractors' topics are their own (the target's, from another seed).
         topic = None
         if vectors == "clustered":
-            # The distractors' topics are their own, unrelated to the target's.
+            # The distractors' topics are their own, unrelated to the target's. `documents` is
+            # drawn for the target too, so that SEED gives the corpora docs/performance.md used.
             documents = unit_vectors(rng, count // CHUNKS_PER_DOCUMENT)
             topic = topics(count) if number == 0 else near(rng, documents, THEME_COSINE)
         conn.execute(

@@ -13,6 +13,7 @@ caller's finds nothing and is thrown away with the request's NOT_FOUND.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -53,6 +54,8 @@ class EarlyRetrieval:
         self.vector = vector
         self.plan = plan
         self.search = search
+        # When the work started: retrieval's duration counts from here when it is used.
+        self.began = time.perf_counter()
 
     def searched_with(self, plan: SearchPlan) -> asyncio.Future | None:
         """The early search if it ran on this plan; None when it must run again."""
@@ -107,5 +110,14 @@ class EarlyStarter:
         if plan is None:
             return EarlyRetrieval(vector, None, None)
         # Shielded: cancelling the early search must leave the vector to a search run again.
-        early = asyncio.ensure_future(search(plan, asyncio.shield(vector)))
+        # The shield's own future is nobody's to await: its failure is read here, or asyncio
+        # would report it as never retrieved when the early search is cancelled first.
+        shielded = asyncio.shield(vector)
+        shielded.add_done_callback(_read_outcome)
+        early = asyncio.ensure_future(search(plan, shielded))
         return EarlyRetrieval(vector, plan, early)
+
+
+def _read_outcome(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()

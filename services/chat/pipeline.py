@@ -434,6 +434,7 @@ class ChatEngine:
         started = early.searched_with(plan) if early is not None else None
         try:
             if started is not None:
+                began = early.began  # the search started before the assistant was loaded
                 hits = await started
             else:
                 hits = await self.search(tenant_id, assistant_id, question, plan, vector)

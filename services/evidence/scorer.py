@@ -1,6 +1,6 @@
 """Does a passage support a sentence? Pure functions over text and one embedding cosine.
 
-Hand-written on purpose. No package that installs here ships an entailment (NLI) model that
+Hand-written on purpose. No package on PyPI that we found ships an entailment (NLI) model that
 fits the budget: the small cross-encoders and NLI checkpoints are published on model hubs, and
 Footnote never downloads weights at run time; the one packaged NLI model measured here took
 about 800 ms a pair, forty times the 20 ms a sentence may cost. What does ship is the local

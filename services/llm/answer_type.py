@@ -23,13 +23,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import snowballstemmer
-
-_stemmer = snowballstemmer.stemmer("english")
+from services.llm.stems import stem_word, stem_words
 
 
 def _stems(words: str) -> frozenset[str]:
-    return frozenset(_stemmer.stemWords(words.split()))
+    return frozenset(stem_words(words.split()))
 
 
 class Kind(enum.Enum):
@@ -128,7 +126,7 @@ class Expected:
         if not _states_number(sentence):
             return False
         if self.kind is Kind.UNIT:
-            return self.unit in _stemmer.stemWords([w.lower() for w in _WORD.findall(sentence)])
+            return self.unit in stem_words([w.lower() for w in _WORD.findall(sentence)])
         return True
 
 
@@ -142,7 +140,7 @@ def _states_number(sentence: str) -> bool:
 def expected_answer(question: str) -> Expected | None:
     """What quantity the question asks for, or None when it asks for something else."""
     if how_many := _HOW_MANY.search(question):
-        noun = _stemmer.stemWord(how_many.group(2).lower())
+        noun = stem_word(how_many.group(2).lower())
         if noun in _UNITS:
             return Expected(Kind.UNIT, noun)
         if noun in _SIZE_NOUNS:

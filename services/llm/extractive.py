@@ -23,8 +23,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-import snowballstemmer
-
 from services.llm.answer_type import Expected, expected_answer, unknown_names
 from services.llm.base import (
     Finished,
@@ -35,6 +33,7 @@ from services.llm.base import (
     estimate_tokens,
 )
 from services.llm.sentences import WORD, Statement, statements_of
+from services.llm.stems import stem_words
 
 NOTHING_FOUND = (
     "The documents do not say: I could not find anything relevant to your question in this "
@@ -87,8 +86,6 @@ STOPWORDS = frozenset(
     )
 )
 
-_stemmer = snowballstemmer.stemmer("english")
-
 
 class SentenceEmbedder(Protocol):
     """What the generator needs of an embedder (services.retrieval.embeddings.Embedder)."""
@@ -101,7 +98,7 @@ class SentenceEmbedder(Protocol):
 def terms(text: str) -> list[str]:
     """The stemmed topic words of a text: "Warranties" and "warranty" both give "warranti"."""
     words = [w for w in WORD.findall(text.lower()) if w not in STOPWORDS]
-    return _stemmer.stemWords(words)
+    return stem_words(words)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,12 @@ until the table is rewritten (`VACUUM FULL chunks`, which also rebuilds the inde
 The HNSW index is built again with ef_construction 128 (pgvector's default is 64): on 100k
 clustered vectors, recall@10 against exact search at ef_search 100 went from 0.89 to 0.997
 (docs/performance.md). The new index is built beside the old one without blocking writes or
-searches, then takes its name; on a large table this takes minutes (100k chunks: about 2-6
-minutes on two cores).
+searches, then takes the old one's name, the old one being dropped only after that, so there is
+never a moment without an index. On a large table this takes minutes (100k chunks: about 2-6
+minutes on two cores with 4 GB of maintenance_work_mem; the build asks for 1 GB, and a graph
+that does not fit is built much more slowly), and every server and worker that starts
+meanwhile waits for it on the migration lock: run `footnote migrate` once before rolling out
+(docs/deploy.md, "Upgrading").
 
 Revision ID: 0007
 Revises: 0006
@@ -32,12 +36,20 @@ HNSW = "USING hnsw (embedding vector_cosine_ops)"
 
 def rebuild_hnsw(options: str) -> None:
     with op.get_context().autocommit_block():
+        # A session setting: the graph is built in memory when it fits, far faster.
+        op.execute("SET maintenance_work_mem = '1GB'")
+        # Leftovers of an attempt that was interrupted part-way.
         op.execute("DROP INDEX CONCURRENTLY IF EXISTS ix_chunks_embedding_hnsw_new")
+        op.execute("DROP INDEX CONCURRENTLY IF EXISTS ix_chunks_embedding_hnsw_old")
         op.execute(
             f"CREATE INDEX CONCURRENTLY ix_chunks_embedding_hnsw_new ON chunks {HNSW} {options}"
         )
-        op.execute("DROP INDEX CONCURRENTLY IF EXISTS ix_chunks_embedding_hnsw")
+        op.execute(
+            "ALTER INDEX IF EXISTS ix_chunks_embedding_hnsw RENAME TO ix_chunks_embedding_hnsw_old"
+        )
         op.execute("ALTER INDEX ix_chunks_embedding_hnsw_new RENAME TO ix_chunks_embedding_hnsw")
+        op.execute("DROP INDEX CONCURRENTLY IF EXISTS ix_chunks_embedding_hnsw_old")
+        op.execute("RESET maintenance_work_mem")
 
 
 def upgrade() -> None:
