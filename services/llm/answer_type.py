@@ -61,6 +61,9 @@ _UNITS = _stems(
     "seconds minutes hours days weeks months years bytes kilobytes megabytes gigabytes bits "
     "characters lines pages percent times"
 )
+_CHANGES = _stems(
+    "introduced added removed deprecated dropped replaced renamed new since changed"
+)
 _SIZE_NOUNS = _stems("memory disk space quota storage size ram cache buffer")
 _TIME_NOUNS = _stems("time delay timeout duration")
 
@@ -109,10 +112,16 @@ _IDENTIFIER = re.compile(
 
 @dataclass(frozen=True)
 class Expected:
-    """The kind of quantity a question asks for, and its unit's stem for Kind.UNIT."""
+    """The kind of quantity a question asks for, and its unit's stem for Kind.UNIT.
+
+    `change` is set for a version at which something changed ("Which version introduced
+    treemagic?"): the answer must say that something changed there, not only name a version
+    ("This is version 0.21 of the specification").
+    """
 
     kind: Kind
     unit: str = ""
+    change: bool = False
 
     def met_by(self, sentence: str) -> bool:
         if _NO_LIMIT.search(sentence) and self.kind is not Kind.VERSION:
@@ -122,12 +131,17 @@ class Expected:
         if self.kind is Kind.LENGTH:
             return bool(_TIME_OR_LENGTH.search(sentence))
         if self.kind is Kind.VERSION:
-            return bool(_VERSION.search(sentence))
+            return bool(_VERSION.search(sentence)) and (not self.change or _changes(sentence))
         if not _states_number(sentence):
             return False
         if self.kind is Kind.UNIT:
             return self.unit in stem_words([w.lower() for w in _WORD.findall(sentence)])
         return True
+
+
+def _changes(text: str) -> bool:
+    """Whether a text says something changed: introduced, added, removed, deprecated..."""
+    return not _CHANGES.isdisjoint(stem_words([w.lower() for w in _WORD.findall(text)]))
 
 
 def _states_number(sentence: str) -> bool:
@@ -160,7 +174,7 @@ def expected_answer(question: str) -> Expected | None:
         if word.startswith("size"):
             return Expected(Kind.SIZE)
         if word.startswith("version"):
-            return Expected(Kind.VERSION)
+            return Expected(Kind.VERSION, change=_changes(question))
         if word in ("timeout", "duration"):
             return Expected(Kind.LENGTH)
         return Expected(Kind.NUMBER)
