@@ -61,9 +61,7 @@ _UNITS = _stems(
     "seconds minutes hours days weeks months years bytes kilobytes megabytes gigabytes bits "
     "characters lines pages percent times"
 )
-_CHANGES = _stems(
-    "introduced added removed deprecated dropped replaced renamed new since changed"
-)
+_CHANGES = _stems("introduced added removed deprecated dropped replaced renamed new since changed")
 _SIZE_NOUNS = _stems("memory disk space quota storage size ram cache buffer")
 _TIME_NOUNS = _stems("time delay timeout duration")
 

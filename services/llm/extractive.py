@@ -67,6 +67,7 @@ ANAPHORA = re.compile(r"^(?:This|That|These|Those|It|They|Such|He|She)\b")
 # "How do I install X?" is best answered with the command, when a source gives one.
 HOW_TO = re.compile(r"^\s*how\s+(?:do|can|to|should|would|does)\b", re.IGNORECASE)
 COMMAND_BONUS = 1.15
+_EXTENSION = re.compile(r"\.[A-Za-z0-9]{1,5}$")
 # A question that asks for a quantity ranks sentences without one this much lower, and is not
 # answered with one (services.llm.answer_type).
 UNTYPED_PENALTY = 0.7
@@ -160,7 +161,8 @@ def _named_sources(request: GenerationRequest, wanted: set[str]) -> set[int]:
     from, so that a question about the Apache License is never answered from the GPL. Empty
     when the question names none of the documents, or all of them alike.
     """
-    names = [set(terms(source.document_name)) for source in request.sources]
+    # The extension is no name: "Does the spec cover HTML files?" names no .html document.
+    names = [set(terms(_EXTENSION.sub("", source.document_name))) for source in request.sources]
     distinctive = {
         t for t in wanted if any(t in n for n in names) and not all(t in n for n in names)
     }

@@ -296,6 +296,12 @@ def test_a_source_on_the_subject_that_does_not_say_is_not_an_answer(
     assert compose(request(question, *docs), embedder) == NOTHING_FOUND
 
 
+def test_a_file_extension_in_the_question_does_not_name_a_document(embedder) -> None:
+    question = "When does the patent license end for a project shipped as a txt file?"
+    docs = [("apache-notes.md", APACHE_PATENT), ("gpl-3.0.txt", GPL_CURE)]
+    assert cited(compose(request(question, *docs), embedder)) == [1]
+
+
 def test_a_quantity_question_is_answered_with_the_sentence_that_states_it(embedder) -> None:
     question = "How many days do I have to cure a GPL violation after the notice?"
     answer = compose(
