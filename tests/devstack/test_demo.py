@@ -9,10 +9,23 @@ import sys
 import psutil
 
 
+def started_in(state: str, process: psutil.Process) -> bool:
+    """Whether a server process, or the server it belongs to, runs on this state dir.
+
+    Other stacks on the same machine start servers and backends too; only this one's count.
+    """
+    try:
+        family = [process, *process.parents()]
+        return any(state in " ".join(p.cmdline()) or state in p.cwd() for p in family)
+    except psutil.Error:
+        return False
+
+
 def test_demo_streams_a_cited_answer_and_stops_everything(tmp_path):
+    state = str(tmp_path / "s")
     before = {p.pid for p in psutil.process_iter()}
     done = subprocess.run(
-        [sys.executable, "-m", "footnote.cli", "demo", "--state-dir", str(tmp_path / "s")],
+        [sys.executable, "-m", "footnote.cli", "demo", "--state-dir", state],
         capture_output=True,
         text=True,
         timeout=300,
@@ -30,6 +43,8 @@ def test_demo_streams_a_cited_answer_and_stops_everything(tmp_path):
     leftovers = [
         p
         for p in psutil.process_iter(["name"])
-        if p.pid not in before and p.info["name"] in ("postgres", "redis-server", "weed")
+        if p.pid not in before
+        and p.info["name"] in ("postgres", "redis-server", "weed")
+        and started_in(state, p)
     ]
     assert leftovers == []
