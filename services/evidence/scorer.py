@@ -49,13 +49,11 @@ from __future__ import annotations
 
 import functools
 import re
-import threading
 from dataclasses import dataclass
-
-import snowballstemmer
 
 from services.citations import SupportVerdict
 from services.citations.spans import sentence_ranges
+from services.llm.stems import stem_word
 
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)?", re.UNICODE)
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,:]\d+)*(?![\w])|\d+")
@@ -122,21 +120,12 @@ _NUMBER_WORDS = {
 # made only of such words is not rare enough to call a swap.
 RARE_ZIPF = 3.5
 RARE_WORD_ZIPF = 3.0  # a plain word this rare ("gzip", "daemon") is held like a name
-_local = threading.local()
-
-
-def _stemmer() -> snowballstemmer.stemmer:
-    # Snowball stemmers keep state while they work, so each thread gets its own.
-    stemmer = getattr(_local, "stemmer", None)
-    if stemmer is None:
-        stemmer = _local.stemmer = snowballstemmer.stemmer("english")
-    return stemmer
 
 
 @functools.lru_cache(maxsize=65536)
 def stem(word: str) -> str:
     """The Snowball (Porter 2) stem, as extractive answers use: "licensed" meets "licenses"."""
-    return _stemmer().stemWord(word)
+    return stem_word(word)
 
 
 @functools.lru_cache(maxsize=65536)

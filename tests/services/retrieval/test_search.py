@@ -198,17 +198,17 @@ async def test_titles_and_headings_are_searched_but_never_quoted(channel, make_k
     assert "'access':" in later.tsv
 
 
-async def test_concurrent_search_returns_what_sequential_search_returns(
-    channel, make_key, db, embedder
-):
-    tenant = "conc-" + uuid.uuid4().hex[:6]
+QUESTIONS = ("How many vacation days?", "espresso machine", "sick leave")
+
+
+async def assert_both_searches_agree(channel, make_key, db, embedder, tenant, questions):
+    """The concurrent search outside a transaction finds what the one-transaction search does."""
     key = make_key(tenant)
     assistant = await make_assistant(channel, key)
     docs = pb_grpc.DocumentsServiceStub(channel)
     await ingest(docs, key, assistant, "leave.md", LEAVE)
     await ingest(docs, key, assistant, "kitchen.md", COFFEE)
-
-    for question in ("How many vacation days?", "espresso machine", "sick leave", "zzz qqq"):
+    for question in questions:
         sequential = search(db, embedder, tenant, assistant, question)
 
         async def vector(q=question):
@@ -224,6 +224,15 @@ async def test_concurrent_search_returns_what_sequential_search_returns(
         )
         assert concurrent == sequential
         assert concurrent, question
+
+
+async def test_concurrent_search_returns_what_sequential_search_returns(
+    channel, make_key, db, embedder
+):
+    tenant = "conc-" + uuid.uuid4().hex[:6]
+    await assert_both_searches_agree(
+        channel, make_key, db, embedder, tenant, (*QUESTIONS, "zzz qqq")
+    )
 
 
 async def test_hnsw_search_outside_a_transaction_matches_the_transaction(
@@ -233,28 +242,7 @@ async def test_hnsw_search_outside_a_transaction_matches_the_transaction(
     # `search` and per transaction by `hybrid_search`, and both must find the same chunks.
     monkeypatch.setattr(searching, "EXACT_MAX_CHUNKS", -1)
     tenant = "hnsw-" + uuid.uuid4().hex[:6]
-    key = make_key(tenant)
-    assistant = await make_assistant(channel, key)
-    docs = pb_grpc.DocumentsServiceStub(channel)
-    await ingest(docs, key, assistant, "leave.md", LEAVE)
-    await ingest(docs, key, assistant, "kitchen.md", COFFEE)
-
-    for question in ("How many vacation days?", "espresso machine", "sick leave"):
-        sequential = search(db, embedder, tenant, assistant, question)
-
-        async def vector(q=question):
-            return embedder.embed_query(q)
-
-        concurrent = await hybrid_search_concurrently(
-            db,
-            tenant_id=tenant,
-            assistant_id=assistant,
-            query=question,
-            query_vector=vector(),
-            top_k=5,
-        )
-        assert concurrent == sequential
-        assert concurrent, question
+    await assert_both_searches_agree(channel, make_key, db, embedder, tenant, QUESTIONS)
 
 
 def test_hnsw_settings_outside_a_transaction_stay_with_the_connection(settings):
