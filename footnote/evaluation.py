@@ -255,7 +255,7 @@ def pasted_headers(outcomes: Sequence[Outcome]) -> float | None:
 
 
 def verdict_agreement(outcomes: Sequence[Outcome]) -> float | None:
-    """Reserved: agreement of the evidence verdicts with eval/claims.jsonl (not yet computed)."""
+    """Not computed from answers: `footnote eval --claims` fills it from labelled claims."""
     return None
 
 
@@ -306,7 +306,7 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric(
         "verdict_agreement",
-        "evidence verdicts that agree with eval/claims.jsonl (not computed yet)",
+        "evidence verdicts that agree with the labelled claims (--claims; three classes)",
         verdict_agreement,
     ),
     Metric(

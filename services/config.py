@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     # onnxruntime's default, one per core of the machine; `footnote worker --concurrency N`
     # gives each pool process max(1, cores // N) instead, so that N processes share the cores.
     embedding_threads: int = Field(default=0, ge=0)
+    # What the evidence scorer embeds answer sentences and quotes with, whatever retrieval
+    # uses: "static" (WordLlama's token table, about 0.1 ms a sentence) or "local" (MiniLM,
+    # 13-20 ms a sentence on two cores, verdicts 2-3 points closer to the labelled set).
+    evidence_embedder: Literal["static", "local"] = "static"
 
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 50051

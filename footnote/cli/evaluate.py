@@ -17,6 +17,7 @@ from footnote.cli.connection import (
     TargetOpt,
     connect,
 )
+from footnote.cli.verdicts import report_lines, score_verdicts
 from footnote.evaluation import (
     METRICS,
     EvalSetError,
@@ -48,6 +49,16 @@ def evaluate(
             file_okay=False,
         ),
     ] = None,
+    claims: Annotated[
+        Path | None,
+        typer.Option(
+            "--claims",
+            help="Labelled (claim, passage, verdict) triples to score the evidence verdicts "
+            "against; default: claims.jsonl beside FILE.jsonl, when there is one.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     target: TargetOpt = None,
     api_key: ApiKeyOpt = None,
@@ -61,6 +72,9 @@ def evaluate(
         questions = load_questions(questions_file)
     except EvalSetError as err:
         raise typer.BadParameter(str(err), param_hint="FILE.jsonl") from None
+    # Scored first: a bad labelled file fails before any question is asked.
+    claims = claims or _beside(questions_file)
+    verdicts = score_verdicts(claims)  # run here, like eval-claims: no server involved
     with connect(target, api_key, state_dir) as client:
         channel, conn = client.channel, client.conn
         if upload is not None:
@@ -68,12 +82,23 @@ def evaluate(
             typer.echo(f"footnote: evaluating assistant {assistant}", err=True)
         outcomes = [ask(channel, conn, assistant, q) for q in questions]
     report = score(outcomes)
+    if verdicts is not None:
+        report.metrics["verdict_agreement"] = verdicts.agreement
     if as_json:
-        print(json.dumps({"assistant": assistant, **report.__dict__}, indent=2))
+        extra = {"verdicts": verdicts.to_json()} if verdicts is not None else {}
+        print(json.dumps({"assistant": assistant, **report.__dict__, **extra}, indent=2))
     else:
         print_report(report, outcomes)
+        if verdicts is not None:
+            print(f"\nevidence verdicts against {claims}:")
+            print("\n".join(report_lines(verdicts)))
     if any(o.error for o in outcomes):
         raise typer.Exit(1)
+
+
+def _beside(questions_file: Path) -> Path | None:
+    path = questions_file.with_name("claims.jsonl")
+    return path if path.is_file() and path != questions_file else None
 
 
 def upload_set(channel: object, conn: object, folder: Path, name: str) -> str:

@@ -18,16 +18,32 @@ def eval_claims(
     fit: Annotated[
         bool, typer.Option("--fit", help="Also fit the calibration on the training split.")
     ] = False,
+    embedder: Annotated[
+        str | None,
+        typer.Option(
+            "--embedder",
+            help="static or local (default: FOOTNOTE_EVIDENCE_EMBEDDER, else static).",
+        ),
+    ] = None,
 ) -> None:
     """Score (claim, passage, verdict) triples with the evidence scorer and report agreement."""
     # Imported here: the scorer loads numpy and the embedding model, which other commands skip.
     from services.evidence.calibration import LabelError, score_claims
 
+    if embedder is None:
+        from services.config import get_settings
+
+        embedder = get_settings().evidence_embedder
+    if embedder not in ("static", "local"):
+        typer.echo(
+            f"footnote eval-claims: --embedder must be static or local, not {embedder}", err=True
+        )
+        raise typer.Exit(2)
     if not path.is_file():
         typer.echo(f"footnote eval-claims: no such file: {path}", err=True)
         raise typer.Exit(2)
     try:
-        report = score_claims(path, refit=fit)
+        report = score_claims(path, embedder, refit=fit)
     except LabelError as err:
         typer.echo(f"footnote eval-claims: {path}: {err}", err=True)
         raise typer.Exit(2) from None
@@ -58,3 +74,17 @@ def report_lines(report: Report) -> list[str]:
     lines.append("agreement by trap:")
     lines.extend(f"  {trap.ljust(16)} {value:.3f}" for trap, value in report.by_trap.items())
     return lines
+
+
+def score_verdicts(path: Path | None) -> Report | None:
+    """The evidence scorer's agreement with the labelled claims in path, run here with the
+    configured evidence embedder (as `footnote eval-claims` does); None without a file."""
+    if path is None:
+        return None
+    from services.config import get_settings
+    from services.evidence.calibration import LabelError, score_claims
+
+    try:
+        return score_claims(path, get_settings().evidence_embedder)
+    except LabelError as err:
+        raise typer.BadParameter(f"{path}: {err}", param_hint="--claims") from None

@@ -30,13 +30,14 @@ from services.citations import (
     build_manifest,
     finalize_extraction,
 )
+from services.config import get_settings
 from services.conversations import store
 from services.conversations.presenter import CitationPresenter
 from services.conversations.snapshot import citations_from_json, citations_to_json
 from services.conversations.store import Turn
 from services.db.session import Database
 from services.errors import AlreadyExists, InvalidArgument
-from services.evidence.builder import AnswerEvidence, EvidenceBuilder
+from services.evidence.builder import AnswerEvidence, EvidenceBuilder, evidence_builder
 from services.evidence.streaming import SentenceTracker
 from services.llm.base import (
     Finished,
@@ -49,7 +50,7 @@ from services.llm.base import (
 from services.observability.metrics import RETRIEVAL_DURATION
 from services.observability.tracing import traced, traced_stream
 from services.retrieval.batching import QueryBatcher
-from services.retrieval.embeddings import Embedder, LocalEmbedder
+from services.retrieval.embeddings import Embedder
 from services.retrieval.search import search
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -216,9 +217,9 @@ class ChatEngine:
         self.early = EarlyStarter()
         self.generator = generator
         self.presenter = presenter
-        # Evidence scores with the local model whatever retrieval embeds with: its thresholds
-        # are calibrated on that model (loaded once per process, whoever asks).
-        self.evidence = evidence or EvidenceBuilder(LocalEmbedder())
+        # Evidence scores with its own embedder whatever retrieval embeds with: its thresholds
+        # are calibrated on that model's cosines.
+        self.evidence = evidence or evidence_builder(get_settings().evidence_embedder)
 
     async def answer(self, tenant_id: str, inp: ChatInput) -> AsyncIterator[AnswerEvent]:
         validate(inp)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from services.citations import SupportVerdict
-from services.evidence.builder import TextEmbedder
+from services.evidence.builder import TextEmbedder, evidence_builder
 from services.evidence.quotes import sentences_of, windows_of
 from services.evidence.scorer import (
     CALIBRATION,
@@ -248,21 +248,19 @@ def report(items: Sequence[Scored], calibration: Calibration = CALIBRATION) -> R
     )
 
 
-def score_claims(
-    path: str | Path, embedder: TextEmbedder | None = None, *, refit: bool = False
-) -> Report:
-    """Agreement of the shipped calibration with the labels in path (JSON lines).
+def score_claims(path: str | Path, embedder: str = "static", *, refit: bool = False) -> Report:
+    """Agreement of the shipped calibration with the labels in path (JSON lines), with the
+    evidence embedder named ("static" or "local") and the calibration fitted for it.
 
     With refit, the calibration is first fitted on the training split, and the report shows it.
     """
-    if embedder is None:
-        from services.retrieval.embeddings import LocalEmbedder
-
-        embedder = LocalEmbedder()
-    items = featurize(load_claims(path), embedder)
-    calibration = CALIBRATION
+    builder = evidence_builder(embedder)
+    items = featurize(load_claims(path), builder.embedder)
+    calibration = builder.calibration
     if refit:
-        calibration = fit([i for i in items if in_training_split(i.claim)])
+        calibration = fit(
+            [i for i in items if in_training_split(i.claim)], start=builder.calibration
+        )
     return report(items, calibration)
 
 

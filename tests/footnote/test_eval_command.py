@@ -70,6 +70,42 @@ async def test_eval_uploads_the_set_and_scores_it(tmp_path, grpc_target, make_ke
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["metrics"] == metrics
 
+    # Labelled claims beside the questions: the evidence verdicts are scored against them too.
+    passage = "Everyone gets 25 days of paid annual leave each year."
+    claims = [
+        {"id": "a", "claim": "Everyone gets 25 days of paid annual leave.", "verdict": "SUPPORTED",
+         "passage": passage},
+        {"id": "b", "claim": "Everyone gets 30 days of paid annual leave.",
+         "verdict": "UNSUPPORTED", "passage": passage},
+    ]  # fmt: skip
+    (tmp_path / "claims.jsonl").write_text("".join(json.dumps(c) + "\n" for c in claims))
+    scored = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["eval", str(questions), "--assistant", report["assistant"], "--target", grpc_target,
+         "--api-key", key, "--json"],
+    )  # fmt: skip
+    assert scored.exit_code == 0, scored.output
+    with_verdicts = json.loads(scored.stdout)
+    assert with_verdicts["metrics"]["verdict_agreement"] == 1.0
+    assert with_verdicts["verdicts"]["confusion"]["UNSUPPORTED"]["UNSUPPORTED"] == 1
+
+
+async def test_eval_refuses_bad_claims_before_asking(tmp_path, grpc_target) -> None:
+    questions = tmp_path / "questions.jsonl"
+    row = {"id": "q1", "question": "Where?", "answer": [], "no_answer": True}
+    questions.write_text(json.dumps(row) + "\n")
+    claims = tmp_path / "labels.jsonl"
+    claims.write_text('{"id": "a", "claim": "x", "passage": "y", "verdict": "PERHAPS"}\n')
+    result = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["eval", str(questions), "--assistant", "unknown", "--claims", str(claims),
+         "--target", grpc_target, "--api-key", "wrong"],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "verdict must be one of" in result.output
+
 
 async def test_eval_refuses_a_bad_set(tmp_path, grpc_target) -> None:
     questions = tmp_path / "questions.jsonl"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from footnote.cli.evidence_view import evidence_lines
@@ -70,7 +71,8 @@ def test_no_citations_no_lines() -> None:
     assert evidence_lines(pb.CompleteResponse()) == []
 
 
-def test_eval_claims_reports_agreement(tmp_path) -> None:
+@pytest.mark.parametrize("embedder", ["static", "local"])
+def test_eval_claims_reports_agreement(tmp_path, embedder: str) -> None:
     rows = [
         {"id": "a", "claim": "Tokens expire after 30 days.", "verdict": "SUPPORTED",
          "passage": "Tokens expire after 30 days. They can be renewed.", "trap": "none"},
@@ -79,7 +81,7 @@ def test_eval_claims_reports_agreement(tmp_path) -> None:
     ]  # fmt: skip
     path = tmp_path / "claims.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = CliRunner().invoke(app, ["eval-claims", str(path), "--json"])
+    result = CliRunner().invoke(app, ["eval-claims", str(path), "--json", "--embedder", embedder])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["total"] == 2
@@ -93,3 +95,11 @@ def test_eval_claims_rejects_a_bad_file(tmp_path) -> None:
     result = CliRunner().invoke(app, ["eval-claims", str(path)])
     assert result.exit_code == 2
     assert "verdict must be one of" in result.output
+
+
+def test_eval_claims_rejects_an_unknown_embedder(tmp_path) -> None:
+    path = tmp_path / "claims.jsonl"
+    path.write_text('{"id": "a", "claim": "x", "passage": "y", "verdict": "SUPPORTED"}\n')
+    result = CliRunner().invoke(app, ["eval-claims", str(path), "--embedder", "nli"])
+    assert result.exit_code == 2
+    assert "--embedder must be static or local" in result.output

@@ -25,7 +25,7 @@ from services.citations import (
 from services.citations.types import CitationStyle
 from services.conversations.snapshot import citations_from_json, citations_to_json
 from services.evidence.builder import EvidenceBuilder
-from services.evidence.scorer import words
+from services.evidence.scorer import LOCAL_CALIBRATION, words
 from services.evidence.streaming import SentenceTracker
 from services.retrieval.embeddings import EmbeddingError
 
@@ -263,7 +263,9 @@ def test_attribution_embeds_nothing_a_copied_source_already_settles() -> None:
     ex = extract(text, len(m.sources))
     _, base = finalize_extraction(ex, m.sources)
     embedder = WordHashEmbedder()
-    c = EvidenceBuilder(embedder).for_answer(m.sources, m.chunks).finish(ex.text, ex.markers, base)
+    # The calibration that leans on the cosine, so that b's paraphrase needs an embedding.
+    builder = EvidenceBuilder(embedder, LOCAL_CALIBRATION)
+    c = builder.for_answer(m.sources, m.chunks).finish(ex.text, ex.markers, base)
     a = next(s.index for s in m.sources if s.document_name == "a.md")
     assert [s.source_indices for s in c.spans] == [(a,)]
     assert c.spans[0].verdict == SupportVerdict.SUPPORTED
@@ -282,5 +284,6 @@ def test_attribution_embeds_when_no_source_settles_the_verdict() -> None:
     ex = extract(text, len(m.sources))
     _, base = finalize_extraction(ex, m.sources)
     embedder = WordHashEmbedder()
-    EvidenceBuilder(embedder).for_answer(m.sources, m.chunks).finish(ex.text, ex.markers, base)
+    builder = EvidenceBuilder(embedder, LOCAL_CALIBRATION)
+    builder.for_answer(m.sources, m.chunks).finish(ex.text, ex.markers, base)
     assert embedder.calls and embedder.calls[0] >= 2  # the sentence and a's window

@@ -180,3 +180,69 @@ def test_the_score_never_falls_as_the_cosine_rises() -> None:
     for claim in claims:
         scores = [support_score(features(claim, PASSAGE, c / 10)) for c in range(-10, 11)]
         assert scores == sorted(scores)
+
+
+@pytest.mark.parametrize(
+    ("claim", "passage"),
+    [
+        # The passage uses the word both ways; the claim uses it as the passage's other use.
+        (
+            "When your rights are terminated, people who received copies keep their licenses.",
+            "Termination of your rights does not terminate the licenses of parties who have "
+            "received copies from you.",
+        ),
+        # A negating prefix on one side, a negation on the other.
+        (
+            "Subsystems such as NFS map users they cannot map to the overflow UID.",
+            "The overflow UID is where subsystems such as NFS map unmappable users to.",
+        ),
+        # "unless" bounds the passage's negation as "without" bounds the claim's.
+        (
+            "Turning off the cache without a higher-level cache makes pip slower.",
+            "Do not disable the cache unless you have caching at a higher level: "
+            "disabling it makes pip slower.",
+        ),
+        # None is a value here, not a negation.
+        (
+            "A variable without a value maps to None in dotenv_values.",
+            "A variable without a value maps to `None` in `dotenv_values`.",
+        ),
+    ],
+)
+def test_paraphrases_that_are_not_negation_mismatches(claim: str, passage: str) -> None:
+    assert not features(claim, passage, 0.8).negation_mismatch
+
+
+@pytest.mark.parametrize(
+    ("claim", "passage"),
+    [
+        # The passage uses "behalf" as it stands too, but negates it next to what the claim
+        # puts there.
+        (
+            "You may offer warranty obligations on behalf of the Contributors.",
+            "You may offer warranty obligations only on Your own behalf, and not on behalf of "
+            "any Contributor.",
+        ),
+        # A plain use inside code does not count: `override=False` is not "override".
+        (
+            "By default, load_dotenv() overrides existing environment variables.",
+            "By default, load_dotenv() will not override existing environment variables "
+            "(`override=False`).",
+        ),
+        # The plain use sits in another sentence of the passage.
+        (
+            "Web content should be owned by www-data.",
+            "Web content should not be owned by this user. Data written by web servers will "
+            "be owned by www-data.",
+        ),
+    ],
+)
+def test_negations_that_plain_uses_elsewhere_do_not_excuse(claim: str, passage: str) -> None:
+    assert features(claim, passage, 0.9).negation_mismatch
+
+
+def test_plural_and_dotted_names_are_found_in_their_other_forms() -> None:
+    passage = "Daemons should run under individual UID/GIDs. It doesn't touch the environment."
+    f = features("Daemons run under their own UIDs and leave os.environ alone.", passage, 0.8)
+    assert f.missing_names == 0
+    assert features("Daemons run under sys.path UIDs.", passage, 0.8).missing_names == 1
