@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     embedding_threads: int = Field(default=0, ge=0)
     # What the evidence scorer embeds answer sentences and quotes with, whatever retrieval
     # uses: "static" (WordLlama's token table, about 0.1 ms a sentence) or "local" (MiniLM,
-    # 13-20 ms a sentence on two cores, verdicts 2-3 points closer to the labelled set).
+    # 13-20 ms a sentence on two cores, verdicts about 1 point closer to the labelled set).
     evidence_embedder: Literal["static", "local"] = "static"
 
     grpc_host: str = "127.0.0.1"

@@ -55,8 +55,11 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from services.citations import SupportVerdict
 from services.citations.spans import sentence_ranges
+from services.evidence.static import word_vector
 from services.llm.stems import stem_word
 
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)?", re.UNICODE)
@@ -124,6 +127,10 @@ _NUMBER_WORDS = {
 # made only of such words is not rare enough to call a swap.
 RARE_ZIPF = 3.5
 RARE_WORD_ZIPF = 3.0  # a plain word this rare ("gzip", "daemon") is held like a name
+# A claim word missing from the quote counts half when a quote word's static vector is this
+# close to its own, and fully from SYNONYM_FULL.
+SYNONYM_COSINE = 0.5
+SYNONYM_FULL = 0.75
 
 
 @functools.lru_cache(maxsize=65536)
@@ -405,11 +412,33 @@ _SWAP_COVERAGE = 0.6
 _ADDED_CLAUSE = 0.35
 
 
-def _weighted(terms: dict[str, str], present: frozenset[str]) -> float:
+def _weighted(terms: dict[str, str], present: dict[str, str]) -> float:
+    """The rarity-weighted share of terms found in present, a word not found counting in part
+    when a word of present is close to it by static vector ("charge" for "sell")."""
     total = sum(rarity(w) for w in terms.values())
     if not total:
         return 0.0
-    return sum(rarity(w) for s, w in terms.items() if s in present) / total
+    found = 0.0
+    for s, w in terms.items():
+        found += rarity(w) * (1.0 if s in present else _nearest(w, tuple(present.values())))
+    return found / total
+
+
+def _nearest(word: str, others: tuple[str, ...]) -> float:
+    """Partial credit for the word closest to word among others: 0 below SYNONYM_COSINE,
+    rising to 1 at SYNONYM_FULL (static word vectors: no context, so kept at half weight
+    until the vectors are close)."""
+    if not others:
+        return 0.0
+    best = float(np.max(_word_matrix(others) @ word_vector(word)))
+    if best < SYNONYM_COSINE:
+        return 0.0
+    return min(1.0, 0.5 + 0.5 * (best - SYNONYM_COSINE) / (SYNONYM_FULL - SYNONYM_COSINE))
+
+
+@functools.lru_cache(maxsize=4096)
+def _word_matrix(words_: tuple[str, ...]) -> np.ndarray:
+    return np.stack([word_vector(w) for w in words_])
 
 
 def features(
@@ -423,10 +452,10 @@ def features(
     """
     around = around or quote
     claim_words = content_words(sentence)
-    quote_terms = content_terms(quote)
     around_terms = content_terms(around)
     parts = clauses(sentence)
-    clause_cov = tuple(_weighted(content_words(c), quote_terms) for c in parts)
+    quote_words = content_words(quote)
+    clause_cov = tuple(_weighted(content_words(c), quote_words) for c in parts)
     claim_numbers, quote_numbers = numbers(sentence), numbers(quote)
     absent = claim_numbers - quote_numbers
     if len(parts) > 1 and absent:
@@ -456,7 +485,7 @@ def features(
     swap, added = _name_slots(parts, rare, around_terms)
     return Features(
         cosine=cosine,
-        coverage=_weighted(claim_words, quote_terms),
+        coverage=_weighted(claim_words, quote_words),
         clause_coverage=clause_cov,
         number_changed=bool(absent) and bool(quote_numbers),
         number_missing=bool(absent) and not quote_numbers,

@@ -5,7 +5,7 @@ path of each streamed sentence. The local MiniLM model takes 13-20 ms a sentence
 hardware, so a paraphrased sentence, which needs its own vector and those of a few quotes,
 cost 70 ms at p95 on a quiet machine: over the 20 ms a sentence may cost. A static model is a
 lookup table: a text's vector is the mean of its tokens' vectors, about 0.1 ms a sentence. On
-eval/claims.jsonl its verdicts agree with the labels 2-3 points less often than MiniLM's (see
+eval/claims.jsonl its verdicts agree with the labels about 1 point less often than MiniLM's (see
 docs/quality.md), which is why `FOOTNOTE_EVIDENCE_EMBEDDER=local` keeps MiniLM available.
 
 The weights (l2_supercat, 256 dimensions, 16 MB) and their tokenizer ship in the wordllama
@@ -17,6 +17,7 @@ in its download and training machinery, and what it would do for us is one mean 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from collections.abc import Sequence
@@ -113,3 +114,9 @@ class StaticEmbedder:
             if norm > 0:
                 out[row] = mean / norm
         return out
+
+
+@functools.lru_cache(maxsize=65536)
+def word_vector(word: str) -> np.ndarray:
+    """One word's unit vector (the mean of its tokens'), cached: answers reuse their words."""
+    return StaticEmbedder().embed_array([word])[0]

@@ -246,3 +246,13 @@ def test_plural_and_dotted_names_are_found_in_their_other_forms() -> None:
     f = features("Daemons run under their own UIDs and leave os.environ alone.", passage, 0.8)
     assert f.missing_names == 0
     assert features("Daemons run under sys.path UIDs.", passage, 0.8).missing_names == 1
+
+
+def test_a_close_word_counts_in_part_and_an_unrelated_one_not_at_all() -> None:
+    from services.evidence.scorer import _weighted
+
+    assert _weighted({"price": "price"}, {"price": "price"}) == 1.0
+    assert 0.5 <= _weighted({"cost": "cost"}, {"price": "price"}) < 1.0
+    assert _weighted({"licenc": "licence"}, {"licens": "license"}) >= 0.5  # a spelling
+    assert _weighted({"paint": "paint"}, {"price": "price"}) == 0.0
+    assert _weighted({"cost": "cost"}, {}) == 0.0
