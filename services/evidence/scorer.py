@@ -32,7 +32,9 @@ explainable formula:
     name, a capitalised or plain word uncommon in English) is absent from the passage and
     from the document's own name and heading (acronyms of capitalised words count as
     present), while the rest of its clause is covered: the slot is there, the name in it
-    differs ("python-decouple reads .env files" against python-dotenv);
+    differs ("python-decouple reads .env files" against python-dotenv); or a proper name
+    whose last word the passage uses in a name of its own while the words before it appear
+    nowhere ("the Free Software Foundation" against "Mozilla Foundation");
   * a number of the sentence that the passage does not hold while it holds others.
   Each has a penalty, and any of them but the polarity caps the score under PARTIAL: a high
   cosine says the passage is about the same thing, not that it says the same thing.
@@ -88,7 +90,9 @@ _AUXILIARIES = frozenset(_AUXILIARY_TEXT.split())
 # for the two to agree; on the side being checked, only the first (the head) counts.
 NEGATION_SCOPE = 4
 # A negation reaches no further than its clause.
-_CLAUSE_END = re.compile(r"[.;:!?。；：！？]\s|[,，]\s+(?:but|and|while|whereas)\b")
+_CLAUSE_END = re.compile(
+    r"[.;:!?。；：！？]\s|[,，]\s+(?:but|and|while|whereas)\b|\s[—–-]\s|\s?—\s?"
+)
 # Where a sentence splits into the clauses that partial support is judged on.
 _CLAUSE_SPLIT = re.compile(
     r"\s*[;:,，；]\s+|\s+(?:and|but|while|whereas|because|although|since|so that|which|"
@@ -483,6 +487,7 @@ def features(
     )
     rare = [n for n in missing_names(sentence, around, context, rare_words) if is_rare_name(n)]
     swap, added = _name_slots(parts, rare, around_terms)
+    swap = swap or _proper_name_swap(sentence, around, context)
     return Features(
         cosine=cosine,
         coverage=_weighted(claim_words, quote_words),
@@ -577,6 +582,29 @@ def _antonym(claim_words: set[str], passage_words: set[str], covered: set[str]) 
                 and w[len(prefix) :] in passage_words
             ):
                 return True
+    return False
+
+
+_PROPER_NAME = re.compile(r"\b[A-Z][\w-]*(?:\s+[A-Z][\w-]*)+")
+
+
+def _proper_name_swap(sentence: str, passage: str, context: str = "") -> bool:
+    """A proper name of the sentence whose last word the passage uses in a name of its own,
+    while the words before it appear nowhere: "the Apache License" where the passage lists
+    "the GNU General Public License", "the Free Software Foundation" for "Mozilla Foundation".
+    """
+    haystack = f"{passage} {context}".lower()
+    theirs = {m.group().split()[-1].lower() for m in _PROPER_NAME.finditer(passage)}
+    for m in _PROPER_NAME.finditer(sentence):
+        before = sentence[: m.start()].rstrip()
+        parts = m.group().split()
+        if not before or before[-1] in ".!?:;\"'“(":
+            parts = parts[1:]  # the sentence's first word is capitalised anyway
+        if len(parts) < 2 or parts[-1].lower() not in theirs:
+            continue
+        modifiers = [p.lower() for p in parts[:-1] if p.lower() not in STOPWORDS]
+        if modifiers and not any(re.search(rf"\b{re.escape(p)}\b", haystack) for p in modifiers):
+            return True
     return False
 
 

@@ -256,3 +256,34 @@ def test_a_close_word_counts_in_part_and_an_unrelated_one_not_at_all() -> None:
     assert _weighted({"licenc": "licence"}, {"licens": "license"}) >= 0.5  # a spelling
     assert _weighted({"paint": "paint"}, {"price": "price"}) == 0.0
     assert _weighted({"cost": "cost"}, {}) == 0.0
+
+
+def test_a_dash_ends_what_a_negation_reaches() -> None:
+    claim = "systemd does not require system users to be resolvable without network access."
+    passage = (
+        "systemd requires that system users are resolvable without network — a requirement "
+        "that is not made for regular users."
+    )
+    assert features(claim, passage, 0.9).negation_mismatch
+
+
+@pytest.mark.parametrize(
+    ("claim", "passage", "context", "swapped"),
+    [
+        ("The Free Software Foundation is the license steward.",
+         "Mozilla Foundation is the license steward.", "", True),
+        ("Secondary License includes the Apache License, Version 2.0.",
+         '"Secondary License" means the GNU General Public License, Version 2.0.', "", True),
+        # The name is the document's own: the passage says "this License".
+        ("The Apache License grants a patent license.",
+         "Each Contributor grants You a patent license under this License.",
+         "apache-2.0.txt Apache License", False),
+        # Same name, other words around it.
+        ("The Mozilla Foundation stewards the license.",
+         "Mozilla Foundation is the license steward.", "", False),
+    ],
+)  # fmt: skip
+def test_a_proper_name_with_another_names_head_is_a_swap(
+    claim: str, passage: str, context: str, swapped: bool
+) -> None:
+    assert features(claim, passage, 0.9, context=context).name_swap is swapped
