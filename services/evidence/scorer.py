@@ -57,11 +57,9 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
-
 from services.citations import SupportVerdict
 from services.citations.spans import sentence_ranges
-from services.evidence.static import word_vector
+from services.evidence.static import word_vectors
 from services.llm.stems import stem_word
 
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)?", re.UNICODE)
@@ -418,31 +416,23 @@ _ADDED_CLAUSE = 0.35
 
 def _weighted(terms: dict[str, str], present: dict[str, str]) -> float:
     """The rarity-weighted share of terms found in present, a word not found counting in part
-    when a word of present is close to it by static vector ("charge" for "sell")."""
+    when a word of present is close to it by static vector ("cost" for "price"): half at
+    SYNONYM_COSINE, fully from SYNONYM_FULL (static vectors have no context, so a close word
+    earns half until it is very close)."""
     total = sum(rarity(w) for w in terms.values())
     if not total:
         return 0.0
-    found = 0.0
-    for s, w in terms.items():
-        found += rarity(w) * (1.0 if s in present else _nearest(w, tuple(present.values())))
+    found = sum(rarity(w) for s, w in terms.items() if s in present)
+    missing = [w for s, w in terms.items() if s not in present]
+    if missing and present:
+        others = list(present.values())
+        vectors = word_vectors(missing + others)
+        best = (vectors[: len(missing)] @ vectors[len(missing) :].T).max(axis=1)
+        for w, cosine in zip(missing, best.tolist(), strict=True):
+            if cosine >= SYNONYM_COSINE:
+                span = SYNONYM_FULL - SYNONYM_COSINE
+                found += rarity(w) * min(1.0, 0.5 + 0.5 * (cosine - SYNONYM_COSINE) / span)
     return found / total
-
-
-def _nearest(word: str, others: tuple[str, ...]) -> float:
-    """Partial credit for the word closest to word among others: 0 below SYNONYM_COSINE,
-    rising to 1 at SYNONYM_FULL (static word vectors: no context, so kept at half weight
-    until the vectors are close)."""
-    if not others:
-        return 0.0
-    best = float(np.max(_word_matrix(others) @ word_vector(word)))
-    if best < SYNONYM_COSINE:
-        return 0.0
-    return min(1.0, 0.5 + 0.5 * (best - SYNONYM_COSINE) / (SYNONYM_FULL - SYNONYM_COSINE))
-
-
-@functools.lru_cache(maxsize=4096)
-def _word_matrix(words_: tuple[str, ...]) -> np.ndarray:
-    return np.stack([word_vector(w) for w in words_])
 
 
 def features(
@@ -521,7 +511,7 @@ def _negation_mismatch(
     claim_scope = negated_terms(sentence, bounding=True)
     passage_scope = negated_terms(passage, bounding=True)
     claim_uses = _plain_uses(sentence)
-    for a, b in sentence_ranges(passage) or [(0, len(passage))]:
+    for a, b in _sentence_ranges(passage):
         piece = passage[a:b]
         piece_uses: Counter[str] | None = None
         for negation in negations(piece):
@@ -556,10 +546,17 @@ def _prefix_negated(term: str, text: str) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=4096)
+def _sentence_ranges(text: str) -> tuple[tuple[int, int], ...]:
+    """The sentences of a passage, or the whole of it; the same passage is read for every
+    sentence of an answer."""
+    return tuple(sentence_ranges(text)) or ((0, len(text)),)
+
+
 def _polarity_mismatch(sentence: str, passage: str, claim_terms: frozenset[str]) -> bool:
     """The passage sentence sharing most words with the claim differs in negation parity."""
     best, overlap = passage, -1
-    for a, b in sentence_ranges(passage) or [(0, len(passage))]:
+    for a, b in _sentence_ranges(passage):
         shared = len(content_terms(passage[a:b]) & claim_terms)
         if shared > overlap:
             best, overlap = passage[a:b], shared

@@ -17,7 +17,6 @@ in its download and training machinery, and what it would do for us is one mean 
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import threading
 from collections.abc import Sequence
@@ -116,7 +115,22 @@ class StaticEmbedder:
         return out
 
 
-@functools.lru_cache(maxsize=65536)
-def word_vector(word: str) -> np.ndarray:
-    """One word's unit vector (the mean of its tokens'), cached: answers reuse their words."""
-    return StaticEmbedder().embed_array([word])[0]
+_WORD_CACHE = 65536
+_words: dict[str, np.ndarray] = {}
+_words_lock = threading.Lock()
+
+
+def word_vectors(words: Sequence[str]) -> np.ndarray:
+    """The words' unit vectors as rows, the new ones embedded in one batch; answers reuse
+    their words, so each is kept (up to _WORD_CACHE words, then the cache starts over)."""
+    with _words_lock:
+        new = sorted({w for w in words if w not in _words})
+    if new:
+        rows = StaticEmbedder().embed_array(new)
+        with _words_lock:
+            if len(_words) + len(new) > _WORD_CACHE:
+                _words.clear()
+            _words.update(zip(new, rows, strict=True))
+            return np.stack([_words[w] for w in words])
+    with _words_lock:
+        return np.stack([_words[w] for w in words]) if words else np.zeros((0, STATIC_DIM))
