@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import corpus
 import grpc
+import psycopg
 from harness import ROOT, footnote_server, free_port, process
 
 from footnote.v1 import chat_service_pb2 as pb
@@ -93,6 +95,27 @@ asyncio.run(main())
         yield f"127.0.0.1:{port}"
 
 
+def baseline_database(url: str, tree: Path) -> str:
+    """A copy of the corpus database for the baseline server, stamped at the newest migration
+    the baseline knows: a server refuses a database migrated past its own head. This holds
+    while the later migrations only add to the schema or store it differently (0007 keeps
+    vectors in the row and rebuilds the HNSW index), which the baseline's queries ignore."""
+    heads = [
+        m.group(1)
+        for f in (tree / "services/db/migrations/versions").glob("*.py")
+        if (m := re.search(r'^revision = "([^"]+)"', f.read_text(), re.MULTILINE))
+    ]
+    source = url.rsplit("/", 1)[1]
+    copy = f"{source}_baseline"
+    server = url.rsplit("/", 1)[0]
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{copy}"')
+        conn.execute(f'CREATE DATABASE "{copy}" TEMPLATE "{source}"')
+    with psycopg.connect(f"{server}/{copy}", autocommit=True) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = %s", (max(heads),))
+    return f"{server}/{copy}"
+
+
 async def load(target: str, requests: list[pb.CompleteRequest], concurrency: int, metadata):
     async with grpc.aio.insecure_channel(target) as channel:
         stub = pb_grpc.ChatServiceStub(channel)
@@ -150,6 +173,10 @@ async def main() -> None:
         results: dict[str, dict[int, tuple[float, int]]] = {}
         with contextlib.ExitStack() as running:
             tree = running.enter_context(main_tree(args.baseline))
+            # The baseline gets its own copy of the corpus, before this tree's servers connect.
+            before_endpoints = dataclasses.replace(
+                stack.endpoints, database_url=baseline_database(c.url, tree)
+            )
             servers = {
                 f"this, {loop}": running.enter_context(
                     footnote_server(endpoints, None, event_loop=loop)
@@ -163,7 +190,7 @@ async def main() -> None:
             env = {"PYTHONPATH": str(tree)}
             servers = {
                 "before": running.enter_context(
-                    footnote_server(endpoints, None, cwd=tree, env=env)
+                    footnote_server(before_endpoints, None, cwd=tree, env=env)
                 ),
                 **servers,
                 "bare gRPC": running.enter_context(bare_unary(sample.SerializeToString())),
