@@ -52,6 +52,13 @@ WINDOWS_PER_SOURCE = 2
 MIN_COVERAGE = 0.25
 # At most this many sources the sentence does not cite are embedded and scored.
 MAX_OTHER_SOURCES = 3
+# A source is attributed to a sentence the model did not mark only when its quote holds at
+# least this share of the sentence's weighted words, or all of one of its clauses: attribution
+# claims a support the model never claimed, and a sentence that only shares its subject with a
+# passage ("The adduser package also ships a graphical user manager" against "The adduser
+# package includes the adduser and deluser commands") reached SUPPORTED on the cosine and the
+# subject's words.
+ATTRIBUTION_COVERAGE = 0.6
 # At most this many sources are attributed to one sentence.
 MAX_ATTRIBUTED = 2
 # Chunks whose sentence layout is kept between answers (a few kilobytes each).
@@ -250,14 +257,15 @@ class AnswerEvidence:
         scored: list[tuple[float, float, Window]] = []
         for window in windows:
             f, settled, _ = self._settled(sentence, source, window)
-            if settled is not None:
-                scored.append((settled, relevance(f, calibration), window))
-                continue
-            claim_vector = self._vectors.get(sentence.cited_text)
-            window_vector = self._window_vector(source, window)
-            if claim_vector is not None and window_vector is not None:
-                f = replace(f, cosine=float(np.dot(claim_vector, window_vector)))
-            scored.append((support_score(f, calibration), relevance(f, calibration), window))
+            if settled is None:
+                claim_vector = self._vectors.get(sentence.cited_text)
+                window_vector = self._window_vector(source, window)
+                if claim_vector is not None and window_vector is not None:
+                    f = replace(f, cosine=float(np.dot(claim_vector, window_vector)))
+            score = support_score(f, calibration) if settled is None else settled
+            if origin == CitationOrigin.ATTRIBUTED and not _attributable(f, calibration):
+                score = min(score, calibration.partial - 0.01)
+            scored.append((score, relevance(f, calibration), window))
         score, _, window = max(scored, key=lambda item: item[0])
         if score < calibration.partial:
             # Nothing supports the sentence: show the passage closest to it, penalties aside.
@@ -315,7 +323,9 @@ class AnswerEvidence:
         ceilings: list[tuple[_Source, Window, int]] = []
         for source, windows in plan.items():
             for w in windows:
-                _, settled, high = self._settled(sentence, source, w)
+                f, settled, high = self._settled(sentence, source, w)
+                if not _attributable(f, calibration):
+                    continue  # never attributed, whatever its cosine: no embedding needed
                 if settled is not None:
                     floor = max(floor, _RANK[verdict_for(settled, calibration)])
                 else:
@@ -414,6 +424,11 @@ def _layout(
     in answer after answer, and splitting it costs more than judging a sentence."""
     ranges = sentences_of(text)
     return ranges, windows_of(ranges, text), [content_terms(text[a:b]) for a, b in ranges]
+
+
+def _attributable(f: Features, calibration: Calibration) -> bool:
+    """The quote holds most of the sentence's weighted words, or all of one of its clauses."""
+    return f.coverage >= ATTRIBUTION_COVERAGE or max(f.clause_coverage) >= calibration.clause_high
 
 
 def _key(span: CitationSpan) -> tuple[int, int, str, tuple[int, ...]]:

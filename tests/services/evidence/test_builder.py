@@ -26,6 +26,7 @@ from services.citations.types import CitationStyle
 from services.conversations.snapshot import citations_from_json, citations_to_json
 from services.evidence.builder import EvidenceBuilder
 from services.evidence.scorer import LOCAL_CALIBRATION, words
+from services.evidence.static import StaticEmbedder
 from services.evidence.streaming import SentenceTracker
 from services.retrieval.embeddings import EmbeddingError
 
@@ -287,3 +288,25 @@ def test_attribution_embeds_when_no_source_settles_the_verdict() -> None:
     builder = EvidenceBuilder(embedder, LOCAL_CALIBRATION)
     builder.for_answer(m.sources, m.chunks).finish(ex.text, ex.markers, base)
     assert embedder.calls and embedder.calls[0] >= 2  # the sentence and a's window
+
+
+def test_a_sentence_that_only_shares_a_passages_subject_is_not_attributed_to_it() -> None:
+    m = _pair(
+        {
+            "adduser.md": "The adduser package includes the adduser and deluser commands for "
+            "creating and removing users and groups.",
+            "apt.md": "apt is the main command-line package manager for Debian.",
+        }
+    )
+    made_up = "The adduser package also ships a graphical user manager."
+    partial = (
+        "The adduser package includes the adduser and deluser commands, and it was first "
+        "written in 1997 by Guy Maor."
+    )
+    for text, attributed in ((made_up, False), (partial, True)):
+        ex = extract(text, len(m.sources))
+        _, base = finalize_extraction(ex, m.sources)
+        c = EvidenceBuilder(StaticEmbedder()).for_answer(m.sources, m.chunks)
+        done = c.finish(ex.text, ex.markers, base)
+        assert bool(done.spans) is attributed, text
+        assert bool(done.uncited_claims) is not attributed, text
