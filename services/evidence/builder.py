@@ -428,7 +428,8 @@ def _layout(
 
 def _attributable(f: Features, calibration: Calibration) -> bool:
     """The quote holds most of the sentence's weighted words, or all of one of its clauses."""
-    return f.coverage >= ATTRIBUTION_COVERAGE or max(f.clause_coverage) >= calibration.clause_high
+    clause_best = max(f.clause_coverage, default=0.0)
+    return f.coverage >= ATTRIBUTION_COVERAGE or clause_best >= calibration.clause_high
 
 
 def _key(span: CitationSpan) -> tuple[int, int, str, tuple[int, ...]]:

@@ -123,14 +123,15 @@ _words_lock = threading.Lock()
 def word_vectors(words: Sequence[str]) -> np.ndarray:
     """The words' unit vectors as rows, the new ones embedded in one batch; answers reuse
     their words, so each is kept (up to _WORD_CACHE words, then the cache starts over)."""
+    if not words:
+        return np.zeros((0, STATIC_DIM), dtype=np.float32)
     with _words_lock:
-        new = sorted({w for w in words if w not in _words})
-    if new:
-        rows = StaticEmbedder().embed_array(new)
-        with _words_lock:
+        found = {w: _words.get(w) for w in set(words)}
+        new = sorted(w for w, vector in found.items() if vector is None)
+        if new:
+            rows = StaticEmbedder().embed_array(new)
+            found.update(zip(new, rows, strict=True))
             if len(_words) + len(new) > _WORD_CACHE:
                 _words.clear()
             _words.update(zip(new, rows, strict=True))
-            return np.stack([_words[w] for w in words])
-    with _words_lock:
-        return np.stack([_words[w] for w in words]) if words else np.zeros((0, STATIC_DIM))
+        return np.stack([found[w] for w in words])

@@ -55,3 +55,14 @@ def test_the_setting_defaults_to_static_and_rejects_others(monkeypatch) -> None:
     monkeypatch.setenv("FOOTNOTE_EVIDENCE_EMBEDDER", "nli")
     with pytest.raises(ValueError, match="evidence_embedder"):
         Settings()
+
+
+def test_word_vectors_survive_the_cache_starting_over(monkeypatch) -> None:
+    from services.evidence import static
+
+    monkeypatch.setattr(static, "_WORD_CACHE", 3)
+    first = static.word_vectors(["price", "cost"])
+    # Three new words overflow the cache, which starts over while "price" is still asked for.
+    again = static.word_vectors(["price", "licence", "license", "grant"])
+    assert np.array_equal(first[0], again[0])
+    assert static.word_vectors([]).shape == (0, STATIC_DIM)
