@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -20,6 +21,7 @@ from services.assistants.domain import get_assistant as load_assistant
 from services.chat.early import EarlyRetrieval, EarlyStarter, SearchPlan, discard, plan_for
 from services.citations import (
     Citations,
+    CitationSource,
     CitationSpan,
     CitationStyle,
     Delta,
@@ -140,10 +142,49 @@ def answer_events(events: Sequence[StreamEvent]) -> list[AnswerEvent]:
     ]
 
 
-async def spans_of(judge: AnswerEvidence, sentences: list[CitationSpan]) -> list[CitationSpan]:
+class Evidence:
+    """An answer's evidence, prepared in a thread once the answer has started streaming.
+
+    Laying out the sources' sentences takes several milliseconds of CPU (6.6 ms p50 at 100k
+    chunks) and nothing needs it before the first complete sentence. Built before the model
+    was asked, it delayed every first delta; built in a thread while the request to the model
+    was being sent, it slowed the sending as much (the two share the interpreter lock).
+    """
+
+    def __init__(
+        self,
+        builder: EvidenceBuilder,
+        sources: Sequence[CitationSource],
+        chunks: Sequence[RetrievedChunk],
+        *,
+        attribute: bool,
+    ) -> None:
+        self._build = functools.partial(builder.for_answer, sources, chunks, attribute=attribute)
+        self._task: asyncio.Future[AnswerEvidence] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(asyncio.to_thread(self._build))
+            # An answer that ends early (failed, cancelled) never awaits it: its failure, if it
+            # had one, is read here so that asyncio does not report it as never retrieved.
+            self._task.add_done_callback(_read_outcome)
+
+    async def get(self) -> AnswerEvidence:
+        self.start()
+        assert self._task is not None
+        return await self._task
+
+
+def _read_outcome(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def spans_of(evidence: Evidence, sentences: list[CitationSpan]) -> list[CitationSpan]:
     """The spans among complete sentences, with their evidence (scored off the event loop)."""
     if not sentences:
         return []
+    judge = await evidence.get()
     judged = await asyncio.to_thread(judge.judge, sentences)
     return [j.span for j in judged if j.span is not None]
 
@@ -305,8 +346,11 @@ class ChatEngine:
         )
 
         buffer = MarkerBuffer(len(manifest.sources), strip_invalid=inp.options.strip_invalid)
-        judge = self.evidence.for_answer(
-            manifest.sources, manifest.chunks, attribute=inp.options.attribute is not False
+        evidence = Evidence(
+            self.evidence,
+            manifest.sources,
+            manifest.chunks,
+            attribute=inp.options.attribute is not False,
         )
         tracker = SentenceTracker()
         sent: set[tuple[int, int]] = set()  # spans already streamed, by range
@@ -327,8 +371,10 @@ class ChatEngine:
                 if cite:
                     for out in answer_events(buffer.feed(event.text)):
                         yield out
+                    # After the first delta has been handed on, not before (see Evidence).
+                    evidence.start()
                     complete = tracker.complete(buffer.output, buffer.markers)
-                    for span in await spans_of(judge, complete):
+                    for span in await spans_of(evidence, complete):
                         sent.add((span.start, span.end))
                         yield AnswerSpan(span)
                 else:
@@ -340,6 +386,7 @@ class ChatEngine:
                 yield out
             extraction = buffer.result()
             text, citations = finalize_extraction(extraction, manifest.sources)
+            judge = await evidence.get()
             citations = await asyncio.to_thread(judge.finish, text, extraction.markers, citations)
             for span in citations.spans:
                 if (span.start, span.end) not in sent:
