@@ -64,6 +64,10 @@ CITE_REMINDER = (
     "Answer in one to three sentences of your own words, with the source number in square "
     "brackets, like [1], after each claim."
 )
+# Span events that time an answer's start: the model's first text on the chat.generate span,
+# the first delta sent to the client on the call's span (bench/ttft.py reads both).
+FIRST_TOKEN_EVENT = "footnote.first_token"
+FIRST_DELTA_EVENT = "footnote.first_delta"
 MAX_MESSAGES = 50
 MAX_MESSAGE_CHARS = 32_000
 ROLES = ("system", "user", "assistant")
@@ -300,7 +304,7 @@ class ChatEngine:
         load: Callable[[Session], tuple[AssistantSettings, store.StoredAnswer | None, list[Turn]]],
         early: EarlyRetrieval,
     ) -> AsyncIterator[AnswerEvent]:
-        settings, stored, earlier = await self.db.run(load)
+        settings, stored, earlier = await traced("chat.load", self.db.run(load))
         self.early.remember(tenant_id, inp.assistant_id, settings)
         if stored is not None:
             await self.check_same_request(inp, stored)
@@ -362,6 +366,7 @@ class ChatEngine:
             "chat.generate",
             self.generator.generate(request),
             {"gen_ai.operation.name": "chat", "gen_ai.request.model": request.model},
+            first_event=FIRST_TOKEN_EVENT,
         )
         async with contextlib.aclosing(generation) as generated:
             async for event in generated:
