@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/ttft.py                     # the 10k-chunk corpus
     .venv/bin/python bench/ttft.py --scale 100000
+    .venv/bin/python bench/ttft.py --scale 100000 --server main   # another revision's server
 
 The baseline is the scripted upstream's own first token, asked directly over HTTP; the
 figure is the first delta of StreamComplete (retrieval on, citations on) through a Footnote
@@ -11,10 +12,11 @@ Two breakdowns follow. "In the server" comes from the server's own spans, sent o
 this process and read after the server has stopped (nothing is exported while it answers):
 arrival (the call until the server's span starts), retrieval (from there until the chunks
 are ready: the embedding, the search, and the assistant's transaction beside them, whose own
-durations are shown too), prompt (chunks to the model being asked: sources, excerpts, the
-numbered context), model (asked until its first text, over HTTP; the upstream's own first
-token, measured right before by this process, is the baseline) and relay (the model's first
-text until the first delta is handed to gRPC), then to the client.
+durations are shown too, and when the embedding began), prompt (chunks to the model being
+asked: sources, excerpts, the numbered context), model (asked until its first text, over
+HTTP; the upstream's own first token, measured right before by this process, is the
+baseline) and relay (the model's first text until the first delta is handed to gRPC), then
+to the client.
 
 "Alone in this process" times each step by itself on the same database, after the server
 has stopped: auth (an uncached key lookup; the server keeps a found key for 30 s), assistant
@@ -30,16 +32,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import http.server
 import threading
 import time
 import uuid
 from collections import defaultdict
+from pathlib import Path
 
 import corpus
 import grpc
 import httpx
+from complete import main_tree
 from harness import footnote_server, percentile, upstream
 
 from footnote.v1 import chat_service_pb2 as pb
@@ -53,6 +58,8 @@ from services.retrieval import search as searching
 from services.retrieval.batching import QueryBatcher
 from services.retrieval.embeddings import create_embedder
 from services.retrieval.search import search
+
+SERVER_TREE = Path("/tmp/fnbench-ttft-server")
 
 
 async def upstream_first_token(client: httpx.AsyncClient, url: str) -> float:
@@ -134,7 +141,7 @@ def server_steps(
     sink: SpanSink, calls: dict[str, tuple[int, int]], own: dict[str, float]
 ) -> dict[str, list[float]]:
     """Each request's start, step by step, from the server's spans (seconds)."""
-    names = ("arrival", "retrieval", "  assistant", "  embedding", "prompt", "model")
+    names = ("arrival", "retrieval", "  assistant", "  embedding", "    began", "prompt", "model")
     names += ("  over own", "relay", "to client")
     steps: dict[str, list[float]] = {k: [] for k in names}
     for spans in sink.traces().values():
@@ -145,24 +152,26 @@ def server_steps(
         called, arrived = calls[rid]
         by_name = {s.name: s for s in spans}
         retrieve, generate = by_name["chat.retrieve"], by_name["chat.generate"]
-        first_token = next(e.time_unix_nano for e in generate.events if e.name.endswith("token"))
-        first_delta = next(e.time_unix_nano for e in rpc.events if e.name.endswith("delta"))
         load, embed = by_name.get("chat.load"), by_name.get("retrieval.embed_questions")
-        model = (first_token - generate.start_time_unix_nano) / 1e9
+        # A server older than these events (--server) has only the spans.
+        token = [e.time_unix_nano for e in generate.events if e.name.endswith("first_token")]
+        delta = [e.time_unix_nano for e in rpc.events if e.name.endswith("first_delta")]
+        model = token[0] - generate.start_time_unix_nano if token else None
         values = {
             "arrival": rpc.start_time_unix_nano - called,
             "retrieval": retrieve.end_time_unix_nano - rpc.start_time_unix_nano,
             "  assistant": load.end_time_unix_nano - load.start_time_unix_nano if load else None,
             "  embedding": embed.end_time_unix_nano - embed.start_time_unix_nano if embed else None,
+            "    began": embed.start_time_unix_nano - rpc.start_time_unix_nano if embed else None,
             "prompt": generate.start_time_unix_nano - retrieve.end_time_unix_nano,
-            "relay": first_delta - first_token,
-            "to client": arrived - first_delta,
+            "model": model,
+            "  over own": model - round(own[rid] * 1e9) if model is not None else None,
+            "relay": delta[0] - token[0] if token and delta else None,
+            "to client": arrived - delta[0] if delta else None,
         }
         for name, ns in values.items():
             if ns is not None:
                 steps[name].append(ns / 1e9)
-        steps["model"].append(model)
-        steps["  over own"].append(model - own[rid])
     return steps
 
 
@@ -250,6 +259,11 @@ async def main() -> None:
     parser.add_argument("--scale", type=int, default=10_000)
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument(
+        "--server",
+        metavar="REV",
+        help="run the server from the code at REV (exported with git archive), not this tree",
+    )
+    parser.add_argument(
         "--first-delay-ms",
         type=float,
         default=20.0,
@@ -268,10 +282,14 @@ async def main() -> None:
         questions = [q for q, _ in corpus.questions(args.requests)]
         calls: dict[str, tuple[int, int]] = {}
         own_first: dict[str, float] = {}
-        with (
-            upstream(20, args.first_delay_ms) as llm,
-            footnote_server(endpoints, llm, env=sink.env()) as target,
-        ):
+        with contextlib.ExitStack() as running:
+            tree = (
+                running.enter_context(main_tree(args.server, SERVER_TREE)) if args.server else None
+            )
+            llm = running.enter_context(upstream(20, args.first_delay_ms))
+            target = running.enter_context(
+                footnote_server(endpoints, llm, cwd=tree, env=sink.env())
+            )
             async with (
                 httpx.AsyncClient() as client,
                 grpc.aio.insecure_channel(target) as channel,
@@ -293,7 +311,9 @@ async def main() -> None:
                         through.append(f)
                         calls[rid] = (called, arrived)
                         own_first[rid] = u
+        which = f"the server at {args.server}" if args.server else "this tree's server"
         print(f"time to first delta, {c.scale:,} chunks, {len(own)} requests one at a time")
+        print(f"  through {which}")
         print(f"  upstream's own first token  p50 {ms(own, 50)}  p95 {ms(own, 95)}")
         print(f"  Footnote's first delta      p50 {ms(through, 50)}  p95 {ms(through, 95)}")
         added = [(percentile(through, p) - percentile(own, p)) * 1000 for p in (50, 95)]
