@@ -2,11 +2,14 @@
 
     .venv/bin/python bench/ttft.py                     # the 10k-chunk corpus
     .venv/bin/python bench/ttft.py --scale 100000
-    .venv/bin/python bench/ttft.py --scale 100000 --server main   # another revision's server
+    .venv/bin/python bench/ttft.py --scale 100000 --compare main   # and main's server, in turn
 
 The baseline is the scripted upstream's own first token, asked directly over HTTP; the
 figure is the first delta of StreamComplete (retrieval on, citations on) through a Footnote
 server on the corpus of bench/corpus.py. Requests alternate between the two, one at a time.
+With --compare REV a second server runs the code at REV beside this tree's, and each
+question goes to both in turn: the load that other work puts on the machine then falls on
+both alike, which separate runs (tens of ms apart on a shared machine) cannot promise.
 
 Two breakdowns follow. "In the server" comes from the server's own spans, sent over OTLP to
 this process and read after the server has stopped (nothing is exported while it answers):
@@ -259,9 +262,9 @@ async def main() -> None:
     parser.add_argument("--scale", type=int, default=10_000)
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument(
-        "--server",
+        "--compare",
         metavar="REV",
-        help="run the server from the code at REV (exported with git archive), not this tree",
+        help="also run the server at REV (exported with git archive) and ask both in turn",
     )
     parser.add_argument(
         "--first-delay-ms",
@@ -280,50 +283,70 @@ async def main() -> None:
         )
         endpoints = dataclasses.replace(stack.endpoints, database_url=c.url)
         questions = [q for q, _ in corpus.questions(args.requests)]
-        calls: dict[str, tuple[int, int]] = {}
+        names = ["this tree", *([f"at {args.compare}"] if args.compare else [])]
+        calls: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in names}
         own_first: dict[str, float] = {}
+        own: list[float] = []
+        through: dict[str, list[float]] = {name: [] for name in names}
         with contextlib.ExitStack() as running:
-            tree = (
-                running.enter_context(main_tree(args.server, SERVER_TREE)) if args.server else None
-            )
+            trees = [None]
+            if args.compare:
+                trees.append(running.enter_context(main_tree(args.compare, SERVER_TREE)))
             llm = running.enter_context(upstream(20, args.first_delay_ms))
-            target = running.enter_context(
-                footnote_server(endpoints, llm, cwd=tree, env=sink.env())
-            )
-            async with (
-                httpx.AsyncClient() as client,
-                grpc.aio.insecure_channel(target) as channel,
-            ):
-                stub = pb_grpc.ChatServiceStub(channel)
-                own, through = [], []
-                for i, q in enumerate(["warm up", "warm up", *questions]):
-                    rid = uuid.uuid4().hex
-                    request = pb.CompleteRequest(
-                        assistant_id=c.assistant_id,
-                        messages=[pb.ChatMessage(role=pb.ROLE_USER, content=q)],
-                        request_id=rid,
+            targets = [
+                running.enter_context(footnote_server(endpoints, llm, cwd=tree, env=sink.env()))
+                for tree in trees
+            ]
+            async with contextlib.AsyncExitStack() as channels, httpx.AsyncClient() as client:
+                stubs = [
+                    pb_grpc.ChatServiceStub(
+                        await channels.enter_async_context(grpc.aio.insecure_channel(target))
                     )
-                    metadata = (("authorization", f"Bearer {key}"), ("x-request-id", rid))
+                    for target in targets
+                ]
+                for i, q in enumerate(["warm up", "warm up", *questions]):
                     u = await upstream_first_token(client, llm)
-                    f, called, arrived = await footnote_first_delta(stub, request, metadata)
+                    # Each server answers the same question right after the upstream's own
+                    # first token was timed, in turn, so load from elsewhere hits both alike.
+                    # Which goes first alternates: the second finds the question's pages and
+                    # plans warm in Postgres (a search repeated at once is 10-15 ms faster).
+                    turns = list(zip(names, stubs, strict=True))
+                    for name, stub in turns[i % 2 :] + turns[: i % 2]:
+                        rid = uuid.uuid4().hex
+                        request = pb.CompleteRequest(
+                            assistant_id=c.assistant_id,
+                            messages=[pb.ChatMessage(role=pb.ROLE_USER, content=q)],
+                            request_id=rid,
+                        )
+                        metadata = (("authorization", f"Bearer {key}"), ("x-request-id", rid))
+                        f, called, arrived = await footnote_first_delta(stub, request, metadata)
+                        if i >= 2:
+                            through[name].append(f)
+                            calls[name][rid] = (called, arrived)
+                            own_first[rid] = u
                     if i >= 2:
                         own.append(u)
-                        through.append(f)
-                        calls[rid] = (called, arrived)
-                        own_first[rid] = u
-        which = f"the server at {args.server}" if args.server else "this tree's server"
         print(f"time to first delta, {c.scale:,} chunks, {len(own)} requests one at a time")
-        print(f"  through {which}")
         print(f"  upstream's own first token  p50 {ms(own, 50)}  p95 {ms(own, 95)}")
-        print(f"  Footnote's first delta      p50 {ms(through, 50)}  p95 {ms(through, 95)}")
-        added = [(percentile(through, p) - percentile(own, p)) * 1000 for p in (50, 95)]
-        print(f"  added by Footnote           p50 {added[0]:+6.1f} ms  p95 {added[1]:+6.1f} ms")
-        steps = server_steps(sink, calls, own_first)
-        print(
-            f"breakdown in the server (its spans, {len(steps['retrieval'])} requests), p50 / p95:"
-        )
-        for name, values in steps.items():
-            print(f"  {name:11s} {ms(values, 50)} / {ms(values, 95)}")
+        for name in names:
+            first = through[name]
+            added = [(percentile(first, p) - percentile(own, p)) * 1000 for p in (50, 95)]
+            print(f"  Footnote ({name})")
+            print(f"    first delta               p50 {ms(first, 50)}  p95 {ms(first, 95)}")
+            print(f"    added by Footnote         p50 {added[0]:+6.1f} ms  p95 {added[1]:+6.1f} ms")
+        if args.compare:
+            paired = [a - b for a, b in zip(*through.values(), strict=True)]
+            print(
+                f"  this tree minus {args.compare}, request by request: "
+                f"p50 {percentile(paired, 50) * 1000:+.1f} ms, mean "
+                f"{sum(paired) / len(paired) * 1000:+.1f} ms"
+            )
+        for name in names:
+            steps = server_steps(sink, calls[name], own_first)
+            print(f"breakdown in the server ({name}; its spans), p50 / p95:")
+            for step, values in steps.items():
+                if values:
+                    print(f"  {step:11s} {ms(values, 50)} / {ms(values, 95)}")
         await breakdown(c, key, questions[:30])
     finally:
         sink.close()
