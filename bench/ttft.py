@@ -3,6 +3,7 @@
     .venv/bin/python bench/ttft.py                     # the 10k-chunk corpus
     .venv/bin/python bench/ttft.py --scale 100000
     .venv/bin/python bench/ttft.py --scale 100000 --compare main   # and main's server, in turn
+    .venv/bin/python bench/ttft.py --scale 100000 --server main    # main's server alone
 
 The baseline is the scripted upstream's own first token, asked directly over HTTP; the
 figure is the first delta of StreamComplete (retrieval on, citations on) through a Footnote
@@ -267,12 +268,17 @@ async def main() -> None:
         help="also run the server at REV (exported with git archive) and ask both in turn",
     )
     parser.add_argument(
+        "--server", metavar="REV", help="run only the server at REV instead of this tree's"
+    )
+    parser.add_argument(
         "--first-delay-ms",
         type=float,
         default=20.0,
         help="the upstream's own time to its first token",
     )
     args = parser.parse_args()
+    if args.compare and args.server:
+        parser.error("--compare and --server do not go together")
 
     stack = corpus.start_stack()
     sink = SpanSink()
@@ -283,15 +289,17 @@ async def main() -> None:
         )
         endpoints = dataclasses.replace(stack.endpoints, database_url=c.url)
         questions = [q for q, _ in corpus.questions(args.requests)]
-        names = ["this tree", *([f"at {args.compare}"] if args.compare else [])]
+        names = [f"at {args.server}" if args.server else "this tree"]
+        names += [f"at {args.compare}"] if args.compare else []
         calls: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in names}
         own_first: dict[str, float] = {}
         own: list[float] = []
         through: dict[str, list[float]] = {name: [] for name in names}
         with contextlib.ExitStack() as running:
             trees = [None]
-            if args.compare:
-                trees.append(running.enter_context(main_tree(args.compare, SERVER_TREE)))
+            if args.compare or args.server:
+                tree = running.enter_context(main_tree(args.compare or args.server, SERVER_TREE))
+                trees = [None, tree] if args.compare else [tree]
             llm = running.enter_context(upstream(20, args.first_delay_ms))
             targets = [
                 running.enter_context(footnote_server(endpoints, llm, cwd=tree, env=sink.env()))
