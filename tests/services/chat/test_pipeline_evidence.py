@@ -146,3 +146,28 @@ async def test_a_model_that_fails_first_is_what_the_answer_reports(db, tenant, a
         loop.set_exception_handler(previous)
     assert log == ["model asked", "evidence built"]
     assert reported == []
+
+
+async def test_a_client_that_leaves_during_the_evidence_build_is_let_go_at_once(
+    db, tenant, assistant
+) -> None:
+    log: list[str] = []
+    release = threading.Event()
+
+    class Slow(Builder):
+        def for_answer(self, sources, chunks, *, attribute=True):
+            release.wait(30)  # still building when the client leaves
+            return super().for_answer(sources, chunks, attribute=attribute)
+
+    model = Model(log, ["Paris is ", "the capital ", "of France [1]. "])
+    builder = Slow(log)
+    events = engine(db, model, builder).answer(tenant, ask(assistant))
+    first = await anext(events)
+    assert isinstance(first, AnswerDelta)
+    await anext(events)  # the evidence build has started by now
+    # Closing does not wait for the build; the model's stream is closed with the answer.
+    await asyncio.wait_for(events.aclose(), 10)
+    assert not builder.called.is_set()
+    release.set()
+    assert await asyncio.to_thread(builder.called.wait, 30)
+    assert log == ["model asked", "evidence built"]
