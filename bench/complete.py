@@ -39,20 +39,18 @@ MAIN_TREE = Path("/tmp/fnbench-main")
 
 
 @contextlib.contextmanager
-def main_tree(revision: str | None = None) -> Iterator[Path]:
+def main_tree(revision: str | None = None, tree: Path = MAIN_TREE) -> Iterator[Path]:
     """The code at revision (default: this branch's merge base with main), with its own stubs."""
-    shutil.rmtree(MAIN_TREE, ignore_errors=True)
-    MAIN_TREE.mkdir(parents=True)
+    shutil.rmtree(tree, ignore_errors=True)
+    tree.mkdir(parents=True)
     git = ["git", "-C", str(ROOT)]
     which = [*git, "rev-parse", revision] if revision else [*git, "merge-base", "HEAD", "main"]
     base = subprocess.run(which, check=True, capture_output=True, text=True).stdout.strip()
     archive = subprocess.run([*git, "archive", base], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(MAIN_TREE)], input=archive, check=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     import grpc_tools
 
-    protos = sorted(
-        str(p.relative_to(MAIN_TREE / "proto")) for p in MAIN_TREE.glob("proto/**/*.proto")
-    )
+    protos = sorted(str(p.relative_to(tree / "proto")) for p in tree.glob("proto/**/*.proto"))
     include = Path(grpc_tools.__file__).parent / "_proto"
     subprocess.run(
         [
@@ -65,10 +63,10 @@ def main_tree(revision: str | None = None) -> Iterator[Path]:
             "--grpc_python_out=.",
             *protos,
         ],
-        cwd=MAIN_TREE,
+        cwd=tree,
         check=True,
     )
-    yield MAIN_TREE
+    yield tree
 
 
 @contextlib.contextmanager

@@ -2,30 +2,53 @@
 
     .venv/bin/python bench/ttft.py                     # the 10k-chunk corpus
     .venv/bin/python bench/ttft.py --scale 100000
+    .venv/bin/python bench/ttft.py --scale 100000 --compare main   # and main's server, in turn
+    .venv/bin/python bench/ttft.py --scale 100000 --server main    # main's server alone
 
 The baseline is the scripted upstream's own first token, asked directly over HTTP; the
 figure is the first delta of StreamComplete (retrieval on, citations on) through a Footnote
 server on the corpus of bench/corpus.py. Requests alternate between the two, one at a time.
-The breakdown times each step of the answer's start in this process on the same database:
-auth (an uncached key lookup; the server keeps a found key for 30 s), assistant (the
-transaction that loads it and looks for a replayed answer), embedding (the question, alone),
+With --compare REV a second server runs the code at REV beside this tree's, and each
+question goes to both in turn: the load that other work puts on the machine then falls on
+both alike, which separate runs (tens of ms apart on a shared machine) cannot promise.
+
+Two breakdowns follow. "In the server" comes from the server's own spans, sent over OTLP to
+this process and read after the server has stopped (nothing is exported while it answers):
+arrival (the call until the server's span starts), retrieval (from there until the chunks
+are ready: the embedding, the search, and the assistant's transaction beside them, whose own
+durations are shown too, and when the embedding began), prompt (chunks to the model being
+asked: sources, excerpts, the numbered context), model (asked until its first text, over
+HTTP; the upstream's own first token, measured right before by this process, is the
+baseline) and relay (the model's first text until the first delta is handed to gRPC), then
+to the client.
+
+"Alone in this process" times each step by itself on the same database, after the server
+has stopped: auth (an uncached key lookup; the server keeps a found key for 30 s), assistant
+(the transaction that loads it and looks for a replayed answer), embedding (the question),
 search (hybrid with the vector ready: vector and full-text queries on two connections, and
-each of them alone), prompt (sources and numbered context). "start" is what a request waits
-for before it calls the model: the assistant, the embedding and the search started together
-the way the server starts them (the search after the embedding), then the prompt.
+each of them alone), prompt (sources and numbered context). "start" is the assistant, the
+embedding and the search started together the way the server starts them (the search after
+the embedding), then the prompt; it runs first for each question, so no step before it has
+just run the same queries.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import http.server
+import threading
 import time
 import uuid
+from collections import defaultdict
+from pathlib import Path
 
 import corpus
 import grpc
 import httpx
+from complete import main_tree
 from harness import footnote_server, percentile, upstream
 
 from footnote.v1 import chat_service_pb2 as pb
@@ -40,6 +63,8 @@ from services.retrieval.batching import QueryBatcher
 from services.retrieval.embeddings import create_embedder
 from services.retrieval.search import search
 
+SERVER_TREE = Path("/tmp/fnbench-ttft-server")
+
 
 async def upstream_first_token(client: httpx.AsyncClient, url: str) -> float:
     began = time.perf_counter()
@@ -50,14 +75,108 @@ async def upstream_first_token(client: httpx.AsyncClient, url: str) -> float:
     raise RuntimeError("the upstream sent nothing")
 
 
-async def footnote_first_delta(stub, request, metadata) -> float:
+async def footnote_first_delta(stub, request, metadata) -> tuple[float, int, int]:
+    """Seconds to the first delta, and the wall clock (ns) at the call and at that delta."""
+    called = time.time_ns()
     began = time.perf_counter()
     first = None
     async for event in stub.StreamComplete(request, metadata=metadata):
         if first is None and event.WhichOneof("event") == "delta":
             first = time.perf_counter() - began
+            arrived = time.time_ns()
     assert first is not None, "no delta"
-    return first
+    return first, called, arrived
+
+
+class SpanSink:
+    """An OTLP/HTTP traces endpoint in this process that keeps every span it is sent."""
+
+    def __init__(self) -> None:
+        bodies = self.bodies = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def env(self) -> dict[str, str]:
+        """The server's settings: export here, and only when it stops (or 100k spans wait)."""
+        return {
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{self.server.server_port}"
+            "/v1/traces",
+            "OTEL_BSP_SCHEDULE_DELAY": "3600000",
+            "OTEL_BSP_MAX_QUEUE_SIZE": "100000",
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100000",
+        }
+
+    def traces(self) -> dict[bytes, list]:
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        traces = defaultdict(list)
+        for body in self.bodies:
+            request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+            for resource in request.resource_spans:
+                for scope in resource.scope_spans:
+                    for span in scope.spans:
+                        traces[span.trace_id].append(span)
+        return traces
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def request_id_of(span) -> str:
+    for kv in span.attributes:
+        if kv.key == "footnote.request_id":
+            return kv.value.string_value
+    return ""
+
+
+def server_steps(
+    sink: SpanSink, calls: dict[str, tuple[int, int]], own: dict[str, float]
+) -> dict[str, list[float]]:
+    """Each request's start, step by step, from the server's spans (seconds)."""
+    names = ("arrival", "retrieval", "  assistant", "  embedding", "    began", "prompt", "model")
+    names += ("  over own", "relay", "to client")
+    steps: dict[str, list[float]] = {k: [] for k in names}
+    for spans in sink.traces().values():
+        rpc = next((s for s in spans if s.name.endswith("/StreamComplete")), None)
+        if rpc is None or request_id_of(rpc) not in calls:
+            continue
+        rid = request_id_of(rpc)
+        called, arrived = calls[rid]
+        by_name = {s.name: s for s in spans}
+        retrieve, generate = by_name["chat.retrieve"], by_name["chat.generate"]
+        load, embed = by_name.get("chat.load"), by_name.get("retrieval.embed_questions")
+        # A server older than these events (--server) has only the spans.
+        token = [e.time_unix_nano for e in generate.events if e.name.endswith("first_token")]
+        delta = [e.time_unix_nano for e in rpc.events if e.name.endswith("first_delta")]
+        model = token[0] - generate.start_time_unix_nano if token else None
+        values = {
+            "arrival": rpc.start_time_unix_nano - called,
+            "retrieval": retrieve.end_time_unix_nano - rpc.start_time_unix_nano,
+            "  assistant": load.end_time_unix_nano - load.start_time_unix_nano if load else None,
+            "  embedding": embed.end_time_unix_nano - embed.start_time_unix_nano if embed else None,
+            "    began": embed.start_time_unix_nano - rpc.start_time_unix_nano if embed else None,
+            "prompt": generate.start_time_unix_nano - retrieve.end_time_unix_nano,
+            "model": model,
+            "  over own": model - round(own[rid] * 1e9) if model is not None else None,
+            "relay": delta[0] - token[0] if token and delta else None,
+            "to client": arrived - delta[0] if delta else None,
+        }
+        for name, ns in values.items():
+            if ns is not None:
+                steps[name].append(ns / 1e9)
+    return steps
 
 
 def ms(values, p):
@@ -90,12 +209,21 @@ async def breakdown(c: corpus.Corpus, key: str, questions: list[str]) -> None:
             top_k=top_k,
         )
 
-    def prompt(hits):
-        manifest = build_manifest(hits, max_sources=10, excerpt_chars=200)
+    def prompt(hits, q):
+        # As the server builds it: excerpts chosen for the question.
+        manifest = build_manifest(hits, max_sources=10, excerpt_chars=200, query=q)
         build_context(manifest, citations=True)
 
     try:
+        settings = await db.run(load)
         for q in questions:
+            # As the server starts an answer: all at once, the search after the embedding.
+            # First, so that no step before it has just run this question's queries.
+            s0 = time.perf_counter()
+            embedding = asyncio.ensure_future(batcher.embed_query(q))
+            _, hits = await asyncio.gather(db.run(load), hybrid(q, embedding, settings.top_k))
+            prompt(hits, q)
+            start = time.perf_counter() - s0
             t0 = time.perf_counter()
             await db.run(lambda s: auth.lookup_key(s, key))
             t1 = time.perf_counter()
@@ -118,19 +246,14 @@ async def breakdown(c: corpus.Corpus, key: str, questions: list[str]) -> None:
                 )
             )
             t6 = time.perf_counter()
-            prompt(hits)
+            prompt(hits, q)
             t7 = time.perf_counter()
-            # As the server starts an answer: all at once, the search after the embedding.
-            embedding = asyncio.ensure_future(batcher.embed_query(q))
-            _, hits = await asyncio.gather(db.run(load), hybrid(q, embedding, settings.top_k))
-            prompt(hits)
-            t8 = time.perf_counter()
-            spans = (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6, t8 - t7)
+            spans = (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6, start)
             for name, d in zip(steps, spans, strict=True):
                 steps[name].append(d)
     finally:
         db.dispose()
-    print("breakdown (this process, same database), p50 / p95:")
+    print("breakdown, alone in this process (same database, server stopped), p50 / p95:")
     for name, values in steps.items():
         print(f"  {name:10s} {ms(values, 50)} / {ms(values, 95)}")
 
@@ -140,14 +263,25 @@ async def main() -> None:
     parser.add_argument("--scale", type=int, default=10_000)
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument(
+        "--compare",
+        metavar="REV",
+        help="also run the server at REV (exported with git archive) and ask both in turn",
+    )
+    parser.add_argument(
+        "--server", metavar="REV", help="run only the server at REV instead of this tree's"
+    )
+    parser.add_argument(
         "--first-delay-ms",
         type=float,
         default=20.0,
         help="the upstream's own time to its first token",
     )
     args = parser.parse_args()
+    if args.compare and args.server:
+        parser.error("--compare and --server do not go together")
 
     stack = corpus.start_stack()
+    sink = SpanSink()
     try:
         c = corpus.open_corpus(stack, args.scale)
         key = Database(make_engine(c.url, pool_size=1)).transact(
@@ -155,35 +289,75 @@ async def main() -> None:
         )
         endpoints = dataclasses.replace(stack.endpoints, database_url=c.url)
         questions = [q for q, _ in corpus.questions(args.requests)]
-        metadata = (("authorization", f"Bearer {key}"),)
-        with (
-            upstream(20, args.first_delay_ms) as llm,
-            footnote_server(endpoints, llm) as target,
-        ):
-            async with (
-                httpx.AsyncClient() as client,
-                grpc.aio.insecure_channel(target) as channel,
-            ):
-                stub = pb_grpc.ChatServiceStub(channel)
-                own, through = [], []
-                for i, q in enumerate(["warm up", "warm up", *questions]):
-                    request = pb.CompleteRequest(
-                        assistant_id=c.assistant_id,
-                        messages=[pb.ChatMessage(role=pb.ROLE_USER, content=q)],
-                        request_id=uuid.uuid4().hex,
+        names = [f"at {args.server}" if args.server else "this tree"]
+        names += [f"at {args.compare}"] if args.compare else []
+        calls: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in names}
+        own_first: dict[str, float] = {}
+        own: list[float] = []
+        through: dict[str, list[float]] = {name: [] for name in names}
+        with contextlib.ExitStack() as running:
+            trees = [None]
+            if args.compare or args.server:
+                tree = running.enter_context(main_tree(args.compare or args.server, SERVER_TREE))
+                trees = [None, tree] if args.compare else [tree]
+            llm = running.enter_context(upstream(20, args.first_delay_ms))
+            targets = [
+                running.enter_context(footnote_server(endpoints, llm, cwd=tree, env=sink.env()))
+                for tree in trees
+            ]
+            async with contextlib.AsyncExitStack() as channels, httpx.AsyncClient() as client:
+                stubs = [
+                    pb_grpc.ChatServiceStub(
+                        await channels.enter_async_context(grpc.aio.insecure_channel(target))
                     )
+                    for target in targets
+                ]
+                for i, q in enumerate(["warm up", "warm up", *questions]):
                     u = await upstream_first_token(client, llm)
-                    f = await footnote_first_delta(stub, request, metadata)
+                    # Each server answers the same question right after the upstream's own
+                    # first token was timed, in turn, so load from elsewhere hits both alike.
+                    # Which goes first alternates: the second finds the question's pages and
+                    # plans warm in Postgres (a search repeated at once is 10-15 ms faster).
+                    turns = list(zip(names, stubs, strict=True))
+                    for name, stub in turns[i % 2 :] + turns[: i % 2]:
+                        rid = uuid.uuid4().hex
+                        request = pb.CompleteRequest(
+                            assistant_id=c.assistant_id,
+                            messages=[pb.ChatMessage(role=pb.ROLE_USER, content=q)],
+                            request_id=rid,
+                        )
+                        metadata = (("authorization", f"Bearer {key}"), ("x-request-id", rid))
+                        f, called, arrived = await footnote_first_delta(stub, request, metadata)
+                        if i >= 2:
+                            through[name].append(f)
+                            calls[name][rid] = (called, arrived)
+                            own_first[rid] = u
                     if i >= 2:
                         own.append(u)
-                        through.append(f)
         print(f"time to first delta, {c.scale:,} chunks, {len(own)} requests one at a time")
         print(f"  upstream's own first token  p50 {ms(own, 50)}  p95 {ms(own, 95)}")
-        print(f"  Footnote's first delta      p50 {ms(through, 50)}  p95 {ms(through, 95)}")
-        added = [(percentile(through, p) - percentile(own, p)) * 1000 for p in (50, 95)]
-        print(f"  added by Footnote           p50 {added[0]:+6.1f} ms  p95 {added[1]:+6.1f} ms")
+        for name in names:
+            first = through[name]
+            added = [(percentile(first, p) - percentile(own, p)) * 1000 for p in (50, 95)]
+            print(f"  Footnote ({name})")
+            print(f"    first delta               p50 {ms(first, 50)}  p95 {ms(first, 95)}")
+            print(f"    added by Footnote         p50 {added[0]:+6.1f} ms  p95 {added[1]:+6.1f} ms")
+        if args.compare:
+            paired = [a - b for a, b in zip(*through.values(), strict=True)]
+            print(
+                f"  this tree minus {args.compare}, request by request: "
+                f"p50 {percentile(paired, 50) * 1000:+.1f} ms, mean "
+                f"{sum(paired) / len(paired) * 1000:+.1f} ms"
+            )
+        for name in names:
+            steps = server_steps(sink, calls[name], own_first)
+            print(f"breakdown in the server ({name}; its spans), p50 / p95:")
+            for step, values in steps.items():
+                if values:
+                    print(f"  {step:11s} {ms(values, 50)} / {ms(values, 95)}")
         await breakdown(c, key, questions[:30])
     finally:
+        sink.close()
         stack.stop()
 
 

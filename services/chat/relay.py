@@ -21,15 +21,24 @@ async def coalesced(events: AsyncIterator[AnswerEvent]) -> AsyncIterator[AnswerE
 
     A task reads the answer while the client is being sent the previous message; whatever
     arrived meanwhile goes out together. Nothing waits for a later delta, so no text is held
-    back, and each joined delta ends where its last part ended (never inside a marker).
+    back, and each joined delta ends where its last part ended (never inside a marker). The
+    first event is handed over before the task reads on: an answer's first delta is never
+    joined to what follows it.
     One gRPC message per upstream token costs the server more than the token is worth.
     """
     queue: asyncio.Queue[object] = asyncio.Queue(READ_AHEAD)
 
     async def read() -> None:
         try:
+            first = True
             async for event in events:
                 await queue.put(event)
+                if first:
+                    # The answer's first event leaves at once. The reader otherwise runs on
+                    # while more of the answer is already waiting, and the first delta of an
+                    # answer whose tokens arrive together waited for all of them (1.7 ms p50).
+                    first = False
+                    await asyncio.sleep(0)
         finally:
             # Cancelled means the client is gone: nobody is left to read the end.
             if not asyncio.current_task().cancelling():  # type: ignore[union-attr]

@@ -6,10 +6,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 from google.protobuf import duration_pb2
+from opentelemetry import trace
 
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import chat_service_pb2_grpc as pb_grpc
 from services.chat.pipeline import (
+    FIRST_DELTA_EVENT,
     AnswerCitation,
     AnswerComplete,
     AnswerDelta,
@@ -114,9 +116,13 @@ class ChatServicer(pb_grpc.ChatServiceServicer):
     ) -> AsyncIterator[pb.StreamCompleteResponse]:
         events = coalesced(self.engine.answer(principal().tenant_id, to_input(request)))
         stats = StreamStats()
+        first = True
         try:
             async for event in events:
                 if isinstance(event, AnswerDelta):
+                    if first:
+                        trace.get_current_span().add_event(FIRST_DELTA_EVENT)
+                        first = False
                     stats.delta()
                     yield pb.StreamCompleteResponse(delta=pb.CompletionDelta(content=event.text))
                 elif isinstance(event, AnswerCitation):

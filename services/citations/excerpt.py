@@ -14,6 +14,7 @@ _SENTENCE_GAP = re.compile(
     r"|\s+(?=\d{1,3}(?:\.\d+)*\.\s)"  # a numbered clause: "2.1. ..."
 )
 _WORD = re.compile(r"\w+")
+_NON_SPACE = re.compile(r"\S+")
 _STOPWORDS = frozenset(
     {
         "a", "about", "after", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be",
@@ -98,36 +99,37 @@ def _best_window_start(flat: str, wanted: set[str], limit: int) -> int:
     that fits from the chunk's start anyway keeps the start (no leading ellipsis).
     """
     room = max(limit - 2 * len(ELLIPSIS), 1)
-    sentence_starts = {0, *(gap.end() for gap in _SENTENCE_GAP.finditer(flat))}
+    # Only the question's words count, so only they are kept (most of a chunk is not).
     tokens = [
-        (m.start(), m.end(), stem(m.group()))
+        (m.start(), m.end(), term)
         for m in _WORD.finditer(flat)
-        if m.group().lower() not in _STOPWORDS
+        if (term := stem(m.group())) in wanted and m.group().lower() not in _STOPWORDS
     ]
+    if not tokens:
+        return 0
+    sentence_starts = {0, *(gap.end() for gap in _SENTENCE_GAP.finditer(flat))}
     # One pass: the window's tokens are those that start at or after the candidate start and
     # end within room of it. Both ends only move forward, so each token enters and leaves once
     # (a word start is never inside a token, so a token before it has already entered).
     counts: dict[str, int] = {}
     first = last = 0
     best_key, best_start = (0, False, 0), 0
-    for word in re.finditer(r"\S+", flat):
+    for word in _NON_SPACE.finditer(flat):
         start = word.start()
         while last < len(tokens) and tokens[last][1] <= start + room:
             term = tokens[last][2]
-            if term in wanted:
-                counts[term] = counts.get(term, 0) + 1
+            counts[term] = counts.get(term, 0) + 1
             last += 1
         while first < last and tokens[first][0] < start:
             term = tokens[first][2]
-            if term in wanted:
-                counts[term] -= 1
-                if not counts[term]:
-                    del counts[term]
+            counts[term] -= 1
+            if not counts[term]:
+                del counts[term]
             first += 1
         key = (len(counts), start in sentence_starts, -start)
         if key > best_key:
             best_key, best_start = key, start
     if best_key[0] == 0:
         return 0
-    head = {term for _, end, term in tokens if end <= limit - len(ELLIPSIS) and term in wanted}
+    head = {term for _, end, term in tokens if end <= limit - len(ELLIPSIS)}
     return 0 if len(head) >= best_key[0] else best_start

@@ -24,4 +24,5 @@ def create_generator(settings: Settings, *, embedder: SentenceEmbedder | None = 
         timeout_seconds=settings.llm_timeout_seconds,
         max_connections=settings.llm_max_connections,
         pool_timeout=settings.llm_pool_timeout_seconds,
+        keepalive_seconds=settings.llm_keepalive_seconds,
     )

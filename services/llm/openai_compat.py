@@ -73,6 +73,11 @@ _LINE_END = re.compile(rb"\r\n|\r|\n")
 SEED = 0
 # File descriptors kept for everything but upstream connections (database, clients, logs).
 _RESERVED_FILES = 256
+# httpx drops an idle connection after 5 s by default, so an answer that came more than 5 s
+# after the last one opened a new connection (a TLS handshake, for a hosted model) before it
+# could ask. Servers close idle connections on their own schedule: uvicorn (vLLM) after 5 s,
+# nginx after 75 s; a closed one is noticed before reuse, or the request is sent again.
+KEEPALIVE_SECONDS = 60.0
 _MAX_DEFAULT_CONNECTIONS = 4096
 
 
@@ -95,6 +100,9 @@ class OpenAIGenerator:
     At most `max_connections` answers stream at once (default: what the open-file limit
     allows); a further one waits up to `pool_timeout` for a connection, then fails with
     RESOURCE_EXHAUSTED (LLM_POOL_EXHAUSTED), which says the server is busy, not the model.
+    An idle connection is kept `keepalive_seconds` for the next answer, which then needs no
+    new TCP and TLS handshake before its request; one the server has closed meanwhile is
+    replaced (or the request retried on a new one, see _send).
     """
 
     name = "openai"
@@ -110,9 +118,13 @@ class OpenAIGenerator:
         read_timeout: float = 30.0,
         max_connections: int | None = None,
         pool_timeout: float = 10.0,
+        keepalive_seconds: float = KEEPALIVE_SECONDS,
     ) -> None:
         if min(timeout_seconds, connect_timeout, read_timeout, pool_timeout) <= 0:
             raise ValueError("timeouts must be positive")
+        if keepalive_seconds <= 0:
+            raise ValueError("keepalive_seconds must be positive")
+        self.keepalive_seconds = keepalive_seconds
         if max_connections is not None and max_connections < 1:
             raise ValueError("max_connections must be at least 1")
         self.max_connections = max_connections or default_max_connections()
@@ -203,6 +215,7 @@ class OpenAIGenerator:
                 limits=httpx.Limits(
                     max_connections=self.max_connections,
                     max_keepalive_connections=self.max_connections,
+                    keepalive_expiry=self.keepalive_seconds,
                 ),
                 follow_redirects=False,
             )

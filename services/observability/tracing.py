@@ -125,12 +125,17 @@ async def traced(name: str, work: Awaitable[T], attributes: Mapping[str, Any] | 
 
 
 async def traced_stream(
-    name: str, events: AsyncIterator[T], attributes: Mapping[str, Any] | None = None
+    name: str,
+    events: AsyncIterator[T],
+    attributes: Mapping[str, Any] | None = None,
+    *,
+    first_event: str | None = None,
 ) -> AsyncIterator[T]:
     """Passes events through, each step of the source running inside one span.
 
     The span is current only while the source runs, never across a yield, so the consumer's
-    own work between events is not attributed to it.
+    own work between events is not attributed to it. With first_event, the span gets an event
+    of that name when the source's first event arrives.
     """
     span = tracer().start_span(name, attributes=attributes)
     current = trace.set_span_in_context(span)
@@ -143,6 +148,9 @@ async def traced_stream(
                 break
             finally:
                 otel_context.detach(token)
+            if first_event is not None:
+                span.add_event(first_event)
+                first_event = None
             yield event
     except (GeneratorExit, asyncio.CancelledError):
         raise  # closed early by the consumer: not a failure of this step

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from services.observability.tracing import tracer
 from services.retrieval.embeddings import Embedder
 
 MAX_BATCH = 32
@@ -41,9 +42,12 @@ class QueryBatcher:
             if not batch:
                 continue
             try:
-                vectors = await asyncio.to_thread(
-                    self.embedder.embed_documents, [text for text, _ in batch]
-                )
+                with tracer().start_as_current_span(
+                    "retrieval.embed_questions", attributes={"footnote.batch_size": len(batch)}
+                ):
+                    vectors = await asyncio.to_thread(
+                        self.embedder.embed_documents, [text for text, _ in batch]
+                    )
             except Exception as err:  # every waiter gets the failure, typed as it was raised
                 for _, future in batch:
                     if not future.done():

@@ -69,6 +69,16 @@ async def test_a_fast_client_gets_every_delta_as_it_comes():
     assert [e.text for e in out if isinstance(e, AnswerDelta)] == pieces
 
 
+async def test_the_first_delta_leaves_alone_even_when_more_of_the_answer_is_waiting():
+    async def burst():
+        for piece in ["Paris ", "is ", "in ", "France."]:
+            yield AnswerDelta(piece)  # all of them ready at once, as after one network read
+
+    out = [e.text async for e in coalesced(burst())]
+    # The first delta is not held back to be joined; what waited behind it still is.
+    assert out == ["Paris ", "is in France."]
+
+
 async def test_a_failure_of_the_answer_reaches_the_client_after_its_deltas():
     async def failing():
         yield AnswerDelta("partial ")

@@ -21,7 +21,7 @@ from services.llm.base import (
     TextPiece,
     estimate_tokens,
 )
-from services.llm.openai_compat import OpenAIGenerator, chat_completions_url
+from services.llm.openai_compat import KEEPALIVE_SECONDS, OpenAIGenerator, chat_completions_url
 
 # --- the scripted server -----------------------------------------------------------------
 
@@ -654,6 +654,35 @@ async def test_a_kept_alive_connection_the_server_closed_is_retried_on_a_new_one
     # Each answer after the first tried the pooled connection, then a new one.
     assert len(llm_server.requests) == 5
     assert llm_server.connections == 3
+
+
+@pytest.mark.parametrize(("keepalive", "connections"), [(30.0, 1), (0.05, 2)])
+async def test_an_idle_connection_is_kept_for_the_next_answer_as_long_as_configured(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory, keepalive: float, connections: int
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        await ex.event(chunk("ok", "stop"))
+        await ex.event("[DONE]")
+        await ex.end_stream()
+
+    llm_server.script = script
+    generator = make_generator(keepalive_seconds=keepalive)
+    for _ in range(2):
+        pieces, _finished = await collect(generator)
+        assert pieces == ["ok"]
+        await asyncio.sleep(0.3)  # idle between answers: longer than 0.05 s, far below 30 s
+
+    # The second answer asked on the first one's connection unless it had expired.
+    assert len(llm_server.requests) == 2
+    assert llm_server.connections == connections
+
+
+def test_the_default_keepalive_outlives_httpx_own_five_seconds() -> None:
+    generator = OpenAIGenerator("http://127.0.0.1:1", "m")
+    assert generator.keepalive_seconds == KEEPALIVE_SECONDS > 5
+    with pytest.raises(ValueError, match="keepalive"):
+        OpenAIGenerator("http://127.0.0.1:1", "m", keepalive_seconds=0)
 
 
 async def test_a_new_connection_closed_without_an_answer_is_not_retried(

@@ -330,8 +330,17 @@ async def test_one_trace_runs_from_stream_complete_through_retrieval_llm_and_lin
     found, _ = receiver
     rpc = one_server_span(memory, "footnote.v1.ChatService/StreamComplete")
     assert rpc.attributes["footnote.request_id"] == "req-ops-1"
-    assert children(memory, rpc, "chat.retrieve")
+    [retrieve] = children(memory, rpc, "chat.retrieve")
+    [load] = children(memory, rpc, "chat.load")
+    [embed] = children(memory, rpc, "retrieval.embed_questions")
+    assert embed.attributes["footnote.batch_size"] == 1
+    assert embed.end_time <= retrieve.end_time and load.end_time <= retrieve.end_time
     [generate] = children(memory, rpc, "chat.generate")
+    # The answer's start, step by step: the model's first text, then the first delta sent.
+    [first_token] = [e for e in generate.events if e.name == "footnote.first_token"]
+    [first_delta] = [e for e in rpc.events if e.name == "footnote.first_delta"]
+    assert retrieve.end_time <= generate.start_time <= first_token.timestamp
+    assert first_token.timestamp <= first_delta.timestamp
     # The upstream LLM request itself, with the trace passed on in its headers.
     [post] = [s for s in memory.get_finished_spans() if s.parent == generate.context]
     assert post.attributes.get("http.method", post.attributes.get("http.request.method")) == "POST"
