@@ -1,4 +1,9 @@
-"""Excerpts: the part of a chunk that matches the question, cut at word boundaries."""
+"""Excerpts: the part of a chunk that matches the question, cut at word boundaries.
+
+Written here: an excerpt is provenance, a window whose offsets point into the chunk's own text,
+chosen for the question's words with a sliding window over sentence starts. Summarisers and
+highlighters in packages return new text or HTML, not a span of the original.
+"""
 
 from __future__ import annotations
 

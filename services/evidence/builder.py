@@ -85,9 +85,9 @@ class _Source:
     index: int
     text: str
     chunk: RetrievedChunk
-    sentences: list[tuple[int, int]]
-    windows: list[Window]
-    sentence_terms: list[frozenset[str]]
+    sentences: tuple[tuple[int, int], ...]
+    windows: tuple[Window, ...]
+    sentence_terms: tuple[frozenset[str], ...]
     context: str  # the document's name and the chunk's heading, where names are looked up
 
     def around(self, window: Window) -> str:
@@ -419,11 +419,16 @@ def evidence_builder(embedder: str = "static") -> EvidenceBuilder:
 @functools.lru_cache(maxsize=LAYOUT_CACHE)
 def _layout(
     text: str,
-) -> tuple[list[tuple[int, int]], list[Window], list[frozenset[str]]]:
+) -> tuple[tuple[tuple[int, int], ...], tuple[Window, ...], tuple[frozenset[str], ...]]:
     """A chunk's sentences, candidate windows and sentence words; the same chunk comes back
-    in answer after answer, and splitting it costs more than judging a sentence."""
+    in answer after answer, and splitting it costs more than judging a sentence. Tuples, since
+    every answer that cites the chunk shares them."""
     ranges = sentences_of(text)
-    return ranges, windows_of(ranges, text), [content_terms(text[a:b]) for a, b in ranges]
+    return (
+        tuple(ranges),
+        tuple(windows_of(ranges, text)),
+        tuple(content_terms(text[a:b]) for a, b in ranges),
+    )
 
 
 def _attributable(f: Features, calibration: Calibration) -> bool:

@@ -60,15 +60,16 @@ async def test_eval_uploads_the_set_and_scores_it(tmp_path, grpc_target, make_ke
     assert set(metrics) >= {"location_recall", "citation_precision", "abstention"}
     assert metrics["verdict_agreement"] is None
 
+    async def again():
+        args = ["eval", str(questions), "--assistant", report["assistant"]]
+        return await asyncio.to_thread(
+            CliRunner().invoke, app, [*args, "--target", grpc_target, "--api-key", key, "--json"]
+        )
+
     # A second run on the same assistant asks again and gives the same report.
-    again = await asyncio.to_thread(
-        CliRunner().invoke,
-        app,
-        ["eval", str(questions), "--assistant", report["assistant"], "--target", grpc_target,
-         "--api-key", key, "--json"],
-    )  # fmt: skip
-    assert again.exit_code == 0, again.output
-    assert json.loads(again.stdout)["metrics"] == metrics
+    second = await again()
+    assert second.exit_code == 0, second.output
+    assert json.loads(second.stdout)["metrics"] == metrics
 
     # Labelled claims beside the questions: the evidence verdicts are scored against them too.
     passage = "Everyone gets 25 days of paid annual leave each year."
@@ -79,12 +80,7 @@ async def test_eval_uploads_the_set_and_scores_it(tmp_path, grpc_target, make_ke
          "verdict": "UNSUPPORTED", "passage": passage},
     ]  # fmt: skip
     (tmp_path / "claims.jsonl").write_text("".join(json.dumps(c) + "\n" for c in claims))
-    scored = await asyncio.to_thread(
-        CliRunner().invoke,
-        app,
-        ["eval", str(questions), "--assistant", report["assistant"], "--target", grpc_target,
-         "--api-key", key, "--json"],
-    )  # fmt: skip
+    scored = await again()
     assert scored.exit_code == 0, scored.output
     with_verdicts = json.loads(scored.stdout)
     assert with_verdicts["metrics"]["verdict_agreement"] == 1.0
