@@ -65,7 +65,8 @@ def evaluate(
     state_dir: ClientStateDirOpt = None,
 ) -> None:
     """Ask every question, then print document recall, location recall, citation precision
-    and abstention, with a row per question."""
+    and abstention, with a row per question, and how often the evidence verdicts agree with
+    labelled claims."""
     if bool(assistant) == (upload is not None):
         raise typer.BadParameter("give --assistant ID or --upload DIR (one of them)")
     try:
