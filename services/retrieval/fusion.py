@@ -67,27 +67,28 @@ def diversify(
 ) -> list[T]:
     """The best top_k of ranked (best first), keeping one document from crowding out others.
 
-    match_of measures how well a result matches on its own (cosine similarity). While a
-    document other than the best match's has a result matching at least well_matched times as
-    well as the best, a document gets at most max_per_document of the places; the places it
-    cannot take go to the next best results of other documents. When only one document matches
-    well, or the others run out, ranking order decides alone.
+    match_of measures how well a result matches on its own (cosine similarity). A document
+    gets at most max_per_document of the places while another document has a result matching
+    at least well_matched times as well as the best; the places it cannot take go to the next
+    best results of other documents. So the best match's document is capped only when a
+    second document also matches well, and every other document is capped whenever the best
+    match is not its own: a document whose name the question shares can rank first in full
+    text with every chunk, and must not push out the passage that matches the question best.
+    When the others run out, the held-back results fill the places in ranking order.
     """
     if not ranked or top_k <= 0:
         return []
-    strongest = max(ranked, key=match_of)
-    best, leader = match_of(strongest), document_of(strongest)
-    contested = best > 0 and any(
-        document_of(item) != leader and match_of(item) >= well_matched * best for item in ranked
-    )
-    if not contested:
+    best = max(match_of(item) for item in ranked)
+    if best <= 0:
         return list(ranked[:top_k])
+    strong = {document_of(item) for item in ranked if match_of(item) >= well_matched * best}
     kept: list[T] = []
     held: list[T] = []
     taken: dict[object, int] = {}
     for item in ranked:
         document = document_of(item)
-        if taken.get(document, 0) < max_per_document:
+        capped = bool(strong - {document})
+        if not capped or taken.get(document, 0) < max_per_document:
             taken[document] = taken.get(document, 0) + 1
             kept.append(item)
             if len(kept) == top_k:
