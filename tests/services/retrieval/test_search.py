@@ -245,18 +245,29 @@ async def test_hnsw_search_outside_a_transaction_matches_the_transaction(
     await assert_both_searches_agree(channel, make_key, db, embedder, tenant, QUESTIONS)
 
 
-def test_hnsw_settings_outside_a_transaction_stay_with_the_connection(settings):
+def test_search_settings_outside_a_transaction_stay_with_the_connection(settings):
     single = Database(make_engine(settings.database_url or "", pool_size=1))
 
     def shown(s):
-        return s.execute(text("SHOW hnsw.ef_search")).scalar_one()
+        # current_setting(..., true): hnsw.* is unknown until pgvector is loaded in the session.
+        return tuple(
+            s.execute(
+                text(
+                    "SELECT current_setting('hnsw.ef_search', true),"
+                    " current_setting('plan_cache_mode')"
+                )
+            ).one()
+        )
 
+    wanted = (str(searching.EF_SEARCH), searching.PLAN_CACHE_MODE)
     try:
-        in_transaction = single.transact(lambda s: (searching.use_hnsw_settings(s), shown(s)))
-        assert in_transaction[1] == str(searching.EF_SEARCH)
-        single.read(searching.use_hnsw_settings)
-        assert single.read(shown) == str(searching.EF_SEARCH)
-        assert single.transact(shown) == str(searching.EF_SEARCH)
+        assert single.read(shown) != wanted
+        in_transaction = single.transact(lambda s: (searching.use_search_settings(s), shown(s)))
+        assert in_transaction[1] == wanted
+        assert single.read(shown) != wanted  # a transaction's settings end with it
+        single.read(searching.use_search_settings)
+        assert single.read(shown) == wanted
+        assert single.transact(shown) == wanted
     finally:
         single.dispose()
 
