@@ -1,9 +1,9 @@
 """The evidence scorer's embedder: WordLlama's static token vectors, averaged.
 
 Evidence embeds every answer sentence and its candidate quotes, so its embedder sits on the
-path of each streamed sentence. The local MiniLM model takes 13-20 ms a sentence on this
-hardware, so a paraphrased sentence, which needs its own vector and those of a few quotes,
-cost 70 ms at p95 on a quiet machine: over the 20 ms a sentence may cost. A static model is a
+path of each streamed sentence. The local MiniLM model takes 13-20 ms a sentence on two CPU
+cores, so a paraphrased sentence, which needs its own vector and those of a few quotes, cost
+70-130 ms at p95: several times the 20 ms a sentence may cost. A static model is a
 lookup table: a text's vector is the mean of its tokens' vectors, about 0.1 ms a sentence. On
 eval/claims.jsonl its verdicts agree with the labels about 1 point less often than MiniLM's (see
 docs/quality.md), which is why `FOOTNOTE_EVIDENCE_EMBEDDER=local` keeps MiniLM available.
@@ -97,7 +97,7 @@ class StaticEmbedder:
         _load()
 
     def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
-        return [list(row) for row in self.embed_array(texts)]
+        return self.embed_array(texts).tolist()
 
     def embed_array(self, texts: Sequence[str]) -> np.ndarray:
         """The texts' vectors as rows of one array; a text without tokens gets zeros."""
