@@ -36,6 +36,7 @@ from services.db.session import Database, make_engine
 from services.documents.links import LinkSigner
 from services.documents.service import DocumentService
 from services.documents.servicer import DocumentsServicer
+from services.evidence.builder import evidence_builder
 from services.health import DependencyHealth
 from services.http import create_http_app, start_http
 from services.llm.base import Generator
@@ -116,7 +117,9 @@ class Deps:
             assistants=AssistantService(db),
             documents=DocumentService(db, storage, tasks, signer, settings.max_upload_bytes),
             conversations=ConversationService(db, presenter),
-            chat=ChatEngine(db, embedder, generator, presenter),
+            chat=ChatEngine(
+                db, embedder, generator, presenter, evidence_builder(settings.evidence_embedder)
+            ),
         )
 
     async def aclose(self) -> None:

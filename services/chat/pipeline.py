@@ -32,7 +32,6 @@ from services.citations import (
     build_manifest,
     finalize_extraction,
 )
-from services.config import get_settings
 from services.conversations import store
 from services.conversations.presenter import CitationPresenter
 from services.conversations.snapshot import citations_from_json, citations_to_json
@@ -263,8 +262,8 @@ class ChatEngine:
         self.generator = generator
         self.presenter = presenter
         # Evidence scores with its own embedder whatever retrieval embeds with: its thresholds
-        # are calibrated on that model's cosines.
-        self.evidence = evidence or evidence_builder(get_settings().evidence_embedder)
+        # are calibrated on that model's cosines (the server passes the configured one).
+        self.evidence = evidence or evidence_builder()
 
     async def answer(self, tenant_id: str, inp: ChatInput) -> AsyncIterator[AnswerEvent]:
         validate(inp)

@@ -66,3 +66,14 @@ def test_word_vectors_survive_the_cache_starting_over(monkeypatch) -> None:
     again = static.word_vectors(["price", "licence", "license", "grant"])
     assert np.array_equal(first[0], again[0])
     assert static.word_vectors([]).shape == (0, STATIC_DIM)
+
+
+async def test_the_server_scores_evidence_with_the_configured_embedder(settings) -> None:
+    from services.server import Deps
+
+    for name, kind in (("static", StaticEmbedder), ("local", LocalEmbedder)):
+        deps = Deps.from_settings(settings.model_copy(update={"evidence_embedder": name}))
+        try:
+            assert isinstance(deps.chat.evidence.embedder, kind)
+        finally:
+            await deps.aclose()
