@@ -270,6 +270,14 @@ REQUEST = GenerationRequest(
 SECRET = "sk-live-0123456789abcdef"
 
 
+async def answer_ok(ex: Exchange) -> None:
+    """A whole stream answering "ok", then stop."""
+    await ex.start_stream()
+    await ex.event(chunk("ok", "stop"))
+    await ex.event("[DONE]")
+    await ex.end_stream()
+
+
 async def collect(
     gen: OpenAIGenerator, request: GenerationRequest = REQUEST
 ) -> tuple[list[str], Finished]:
@@ -334,13 +342,7 @@ async def test_streams_pieces_then_one_finished_with_the_server_usage(
 async def test_the_request_model_wins_and_no_key_sends_no_authorization(
     llm_server: ScriptedServer, make_generator: GeneratorFactory
 ) -> None:
-    async def script(ex: Exchange) -> None:
-        await ex.start_stream()
-        await ex.event(chunk("ok", "stop"))
-        await ex.event("[DONE]")
-        await ex.end_stream()
-
-    llm_server.script = script
+    llm_server.script = answer_ok
     gen = make_generator(base_url=llm_server.base_url + "/v1/", api_key=None)
     request = GenerationRequest(messages=REQUEST.messages, model="other-model")
     await collect(gen, request)
@@ -641,10 +643,7 @@ async def test_a_kept_alive_connection_the_server_closed_is_retried_on_a_new_one
         if ex.nth > 1:
             ex.writer.close()  # what llama-server does to a connection after a stream
             return
-        await ex.start_stream()
-        await ex.event(chunk("ok", "stop"))
-        await ex.event("[DONE]")
-        await ex.end_stream()
+        await answer_ok(ex)
 
     llm_server.script = script
     for _ in range(3):
@@ -660,13 +659,7 @@ async def test_a_kept_alive_connection_the_server_closed_is_retried_on_a_new_one
 async def test_an_idle_connection_is_kept_for_the_next_answer_as_long_as_configured(
     llm_server: ScriptedServer, make_generator: GeneratorFactory, keepalive: float, connections: int
 ) -> None:
-    async def script(ex: Exchange) -> None:
-        await ex.start_stream()
-        await ex.event(chunk("ok", "stop"))
-        await ex.event("[DONE]")
-        await ex.end_stream()
-
-    llm_server.script = script
+    llm_server.script = answer_ok
     generator = make_generator(keepalive_seconds=keepalive)
     for _ in range(2):
         pieces, _finished = await collect(generator)
