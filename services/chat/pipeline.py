@@ -21,7 +21,6 @@ from services.assistants.domain import get_assistant as load_assistant
 from services.chat.early import EarlyRetrieval, EarlyStarter, SearchPlan, discard, plan_for
 from services.citations import (
     Citations,
-    CitationSource,
     CitationSpan,
     CitationStyle,
     Delta,
@@ -155,15 +154,8 @@ class Evidence:
     was being sent, it slowed the sending as much (the two share the interpreter lock).
     """
 
-    def __init__(
-        self,
-        builder: EvidenceBuilder,
-        sources: Sequence[CitationSource],
-        chunks: Sequence[RetrievedChunk],
-        *,
-        attribute: bool,
-    ) -> None:
-        self._build = functools.partial(builder.for_answer, sources, chunks, attribute=attribute)
+    def __init__(self, build: Callable[[], AnswerEvidence]) -> None:
+        self._build = build
         self._task: asyncio.Future[AnswerEvidence] | None = None
 
     def start(self) -> None:
@@ -351,10 +343,12 @@ class ChatEngine:
 
         buffer = MarkerBuffer(len(manifest.sources), strip_invalid=inp.options.strip_invalid)
         evidence = Evidence(
-            self.evidence,
-            manifest.sources,
-            manifest.chunks,
-            attribute=inp.options.attribute is not False,
+            functools.partial(
+                self.evidence.for_answer,
+                manifest.sources,
+                manifest.chunks,
+                attribute=inp.options.attribute is not False,
+            )
         )
         tracker = SentenceTracker()
         sent: set[tuple[int, int]] = set()  # spans already streamed, by range
