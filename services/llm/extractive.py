@@ -231,10 +231,13 @@ def score(
     embedder: SentenceEmbedder | None,
     *,
     query_vector: Sequence[float] | None = None,
+    expected: Expected | None = None,
 ) -> list[Candidate]:
     """Candidates with their final scores, best first; ties go to the earlier source and place.
 
-    query_vector is the question's vector under embedder, when the caller has it already.
+    query_vector is the question's vector under embedder, when the caller has it already;
+    expected is what the question asks for (expected_answer), which scales down statements
+    that do not state it.
     """
     if embedder is None:
         scored = [_with(c, 0.0, c.lexical) for c in candidates]
@@ -252,7 +255,6 @@ def score(
             value = SEMANTIC_WEIGHT * semantic + LEXICAL_WEIGHT * c.lexical
             scored.append(_with(c, semantic, value))
     how_to = bool(HOW_TO.match(question))
-    expected = expected_answer(question)
     scored = [_with(c, c.semantic, c.score * _shape(c.statement, how_to, expected)) for c in scored]
     return sorted(scored, key=lambda c: (-c.score, c.source_index, c.statement.position))
 
@@ -341,10 +343,15 @@ def compose(request: GenerationRequest, embedder: SentenceEmbedder | None = None
     candidates = candidates_of(request)
     if not any(c.lexical for c in candidates):
         return NOTHING_FOUND
-    ranked = score(request.question, candidates, embedder, query_vector=request.question_vector)
-    chosen = choose(
-        ranked, semantic=embedder is not None, expected=expected_answer(request.question)
+    expected = expected_answer(request.question)
+    ranked = score(
+        request.question,
+        candidates,
+        embedder,
+        query_vector=request.question_vector,
+        expected=expected,
     )
+    chosen = choose(ranked, semantic=embedder is not None, expected=expected)
     if not chosen:
         return NOTHING_FOUND
     return render(chosen, citations=request.citations)
