@@ -268,15 +268,6 @@ def term_choice(
     }
 
 
-def chosen_terms(
-    s: Session, tenant_id: str, assistant_id: str, query: str, budget: int = TEXT_BUDGET_ROWS
-) -> str | None:
-    """The tsquery the full-text query searches with, as text; None when there are no terms."""
-    return s.execute(
-        CHOSEN_TERMS_SQL, term_choice(s, tenant_id, assistant_id, query, budget)
-    ).scalar_one()
-
-
 _chunk_counts: dict[tuple[str, str, str], tuple[float, int]] = {}
 
 
