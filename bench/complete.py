@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import importlib.util
 import os
 import re
 import shutil
@@ -28,7 +27,7 @@ from pathlib import Path
 import corpus
 import grpc
 import psycopg
-from harness import ROOT, footnote_server, free_port, process
+from harness import ROOT, footnote_server, free_port, loop_option, process
 
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import chat_service_pb2_grpc as pb_grpc
@@ -144,13 +143,7 @@ async def main() -> None:
         help="the git revision to compare with (default: the merge base with main); the "
         "issue's 54 / 82 req/s were measured on f58d6f6",
     )
-    parser.add_argument(
-        "--loops",
-        nargs="*",
-        choices=["asyncio", "uvloop"],
-        default=["asyncio", "uvloop"] if importlib.util.find_spec("uvloop") else ["asyncio"],
-        help="event loops to run this tree's server on, each a server of its own",
-    )
+    loop_option(parser, "event loops to run this tree's server on, each a server of its own")
     args = parser.parse_args()
 
     stack = corpus.start_stack()

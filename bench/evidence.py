@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from harness import percentile
 
 from services.citations import (
     MarkerBuffer,
@@ -129,11 +130,6 @@ def claim_cases(limit: int) -> list[tuple[str, list[RetrievedChunk]]]:
     return cases
 
 
-def p95(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
@@ -224,15 +220,15 @@ def run(
     for kind, values in per_sentence.items():
         print(
             f"evidence ({kind}): {sentences_total[kind]} sentences, per sentence "
-            f"p50 {statistics.median(values):.1f} ms, p95 {p95(values):.1f} ms; "
-            f"p95 = {p95(values) / gen:.1f}x an answer's generation, "
-            f"{p95(values) / query:.2f}x a query embedding"
+            f"p50 {statistics.median(values):.1f} ms, p95 {percentile(values, 95):.1f} ms; "
+            f"p95 = {percentile(values, 95) / gen:.1f}x an answer's generation, "
+            f"{percentile(values, 95) / query:.2f}x a query embedding"
         )
     for kind, values in claim_ms.items():
         print(
             f"evidence ({kind}): {len(values)} sentences, per sentence "
-            f"p50 {statistics.median(values):.1f} ms, p95 {p95(values):.1f} ms; "
-            f"p95 = {p95(values) / query:.2f}x a query embedding"
+            f"p50 {statistics.median(values):.1f} ms, p95 {percentile(values, 95):.1f} ms; "
+            f"p95 = {percentile(values, 95) / query:.2f}x a query embedding"
         )
 
 

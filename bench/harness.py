@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -130,6 +131,17 @@ def make_assistant(database_url: str, tenant: str, **settings) -> tuple[str, str
         return key, made.id
     finally:
         db.dispose()
+
+
+def loop_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """--loops: the event loops to run Footnote's server on, uvloop only where installed."""
+    parser.add_argument(
+        "--loops",
+        nargs="*",
+        choices=["asyncio", "uvloop"],
+        default=["asyncio", "uvloop"] if importlib.util.find_spec("uvloop") else ["asyncio"],
+        help=help,
+    )
 
 
 def percentile(values, p):

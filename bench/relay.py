@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import itertools
 import statistics
 import time
@@ -26,7 +25,7 @@ from collections import Counter
 
 import corpus
 import grpc
-from harness import echo, footnote_server, make_assistant, percentile, upstream
+from harness import echo, footnote_server, loop_option, make_assistant, percentile, upstream
 
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import chat_service_pb2_grpc as pb_grpc
@@ -87,12 +86,8 @@ async def main() -> None:
     parser.add_argument("--streams", type=int, nargs="*", default=[1, 100])
     parser.add_argument("--deltas", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--loops",
-        nargs="*",
-        choices=["asyncio", "uvloop"],
-        default=["asyncio", "uvloop"] if importlib.util.find_spec("uvloop") else ["asyncio"],
-        help="event loops to run Footnote on, each a server of its own (FOOTNOTE_EVENT_LOOP)",
+    loop_option(
+        parser, "event loops to run Footnote on, each a server of its own (FOOTNOTE_EVENT_LOOP)"
     )
     args = parser.parse_args()
 

@@ -30,6 +30,7 @@ from sqlalchemy import text
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import corpus
+from harness import percentile
 
 from services.db.session import Database, make_engine
 from services.retrieval import search as current
@@ -107,11 +108,6 @@ def exact_ids(s, tenant_id, assistant_id, vector, k):
         },
     ).all()
     return [r.id for r in rows]
-
-
-def percentile(values, p):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def ms(seconds):
