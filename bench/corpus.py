@@ -388,15 +388,21 @@ def build(conn: psycopg.Connection, scale: int, *, vectors: str = "random", log=
     return target
 
 
+def vector_index_sql() -> str:
+    from sqlalchemy.dialects import postgresql
+    from sqlalchemy.schema import CreateIndex
+
+    from services.db.models import Chunk
+
+    index = next(i for i in Chunk.__table__.indexes if i.name == "ix_chunks_embedding_hnsw")
+    return str(CreateIndex(index, if_not_exists=True).compile(dialect=postgresql.dialect()))
+
+
 def build_vector_index(conn: psycopg.Connection, *, log=print) -> None:
     log("building the HNSW index")
     started = time.perf_counter()
     conn.execute("SET maintenance_work_mem = '4GB'")
     conn.execute("SET max_parallel_maintenance_workers = 1")
-    # As migration 0007 builds it.
-    conn.execute(
-        "CREATE INDEX IF NOT EXISTS ix_chunks_embedding_hnsw"
-        " ON chunks USING hnsw (embedding vector_cosine_ops)"
-        " WITH (m = 16, ef_construction = 128)"
-    )
+    # The index the schema declares (migration 0007 builds the same), compiled from the model.
+    conn.execute(vector_index_sql())
     log(f"  HNSW index in {time.perf_counter() - started:.0f} s")
