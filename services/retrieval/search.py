@@ -326,20 +326,27 @@ def rank(
     score_threshold: float,
 ) -> list[RetrievedChunk]:
     """Fuses the two candidate lists into the best top_k chunks, best first, at most
-    fusion.MAX_PER_DOCUMENT of one document while another matches well."""
-    similarity = {r.id: float(r.similarity) for r in vector_rows}
-    rows = {r.id: r for r in (*text_rows, *vector_rows)}
+    fusion.MAX_PER_DOCUMENT of one document while another matches well.
+
+    Candidates are keyed by their ids' integers: hashing a uuid.UUID runs Python code, and
+    a search hashes its hundred-odd candidates several hundred times (a third of fusion's time).
+    """
+    similarity = {r.id.int: float(r.similarity) for r in vector_rows}
+    rows = {r.id.int: r for r in (*text_rows, *vector_rows)}
     fused = fuse(
-        [[r.id for r in vector_rows], [r.id for r in text_rows]],
+        [[r.id.int for r in vector_rows], [r.id.int for r in text_rows]],
         weights=(fusion.VECTOR_WEIGHT, fusion.TEXT_WEIGHT),
     )
     ranked = sorted(fused, key=lambda i: (-fused[i], -similarity.get(i, -1.0), stable_key(rows[i])))
-    scores = {i: normalize_score(fused[i], ScoreKind.FUSED) for i in ranked}
-    passing = [i for i in ranked if scores[i] >= score_threshold]
+    passing = ranked
+    if score_threshold > 0:
+        passing = [
+            i for i in ranked if normalize_score(fused[i], ScoreKind.FUSED) >= score_threshold
+        ]
     kept = diversify(
         passing, lambda i: rows[i].document_id, lambda i: similarity.get(i, 0.0), top_k
     )
-    return [to_retrieved(rows[i], scores[i]) for i in kept]
+    return [to_retrieved(rows[i], normalize_score(fused[i], ScoreKind.FUSED)) for i in kept]
 
 
 def hybrid_search(
