@@ -146,6 +146,28 @@ async def test_the_same_bytes_uploaded_twice_appear_once(channel, make_key, db, 
     assert {h.document_id for h in hits if "25 days" in h.text} == {copy.id}
 
 
+async def test_copies_that_fill_the_best_text_matches_leave_room_for_others(channel, make_key, db):
+    # Five uploads of the same file tie for the best full-text rank; only the first is
+    # servable. Full text looks up the documents of its leading matches only, and when the
+    # filters leave too few of those, it filters every ranked match instead: the other file
+    # must still be found, as ranking every servable match finds it.
+    tenant = "copies-" + uuid.uuid4().hex[:6]
+    key = make_key(tenant)
+    assistant = await make_assistant(channel, key)
+    docs = pb_grpc.DocumentsServiceStub(channel)
+    for n in range(5):
+        await ingest(docs, key, assistant, f"leave ({n}).txt", b"Annual leave is 25 days.")
+    await ingest(docs, key, assistant, "kitchen.md", COFFEE)
+
+    def names(limit):
+        question = "annual leave on Friday"  # two terms of the copies, one of the kitchen's
+        rows = db.read(lambda s: searching.text_candidates(s, tenant, assistant, question, limit))
+        return [r.display_name for r in rows]
+
+    assert names(2) == ["leave (0).txt", "kitchen.md"]
+    assert names(20) == ["leave (0).txt", "kitchen.md"]
+
+
 async def test_ranking_does_not_depend_on_upload_order_or_ids(channel, make_key, db, embedder):
     tenant = "order-" + uuid.uuid4().hex[:6]
     key = make_key(tenant)
