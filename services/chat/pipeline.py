@@ -261,7 +261,9 @@ class ChatEngine:
         validate(inp)
 
         def load(s: Session) -> tuple[AssistantSettings, store.StoredAnswer | None, list[Turn]]:
-            # One short transaction reads everything the answer starts from.
+            # Everything the answer starts from, read outside a transaction: BEGIN and COMMIT
+            # were two of the three round trips of the usual load (the assistant alone), and
+            # at READ COMMITTED each statement has its own snapshot in a transaction too.
             settings = load_assistant(s, tenant_id, inp.assistant_id).settings
             stored = store.find_answer(s, tenant_id, inp.request_id) if inp.request_id else None
             earlier: list[Turn] = []
@@ -296,7 +298,7 @@ class ChatEngine:
         load: Callable[[Session], tuple[AssistantSettings, store.StoredAnswer | None, list[Turn]]],
         early: EarlyRetrieval,
     ) -> AsyncIterator[AnswerEvent]:
-        settings, stored, earlier = await traced("chat.load", self.db.run(load))
+        settings, stored, earlier = await traced("chat.load", self.db.run_read(load))
         self.early.remember(tenant_id, inp.assistant_id, settings)
         if stored is not None:
             await self.check_same_request(inp, stored)

@@ -7,7 +7,9 @@ highlighters in packages return new text or HTML, not a span of the original.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import re
 
 ELLIPSIS = "..."
@@ -97,6 +99,28 @@ def _cut(flat: str, limit: int) -> str:
     return (head or flat[:room]) + ELLIPSIS
 
 
+# Chunks whose word layout is kept between questions (a few kilobytes each): the same chunks
+# come back for related questions, and finding their words, stems and sentence starts again
+# was most of the cost of an excerpt.
+LAYOUT_CACHE = 4096
+
+
+@functools.lru_cache(maxsize=LAYOUT_CACHE)
+def _layout(
+    flat: str,
+) -> tuple[tuple[int, ...], frozenset[int], tuple[tuple[int, int, str], ...]]:
+    """A flat text's word starts, sentence starts, and (start, end, stem) of its topic words."""
+    # flat has single spaces between words (make_excerpt joins them so).
+    starts = tuple(itertools.accumulate((len(w) + 1 for w in flat.split(" ")), initial=0))[:-1]
+    sentences = frozenset({0, *(gap.end() for gap in _SENTENCE_GAP.finditer(flat))})
+    tokens = tuple(
+        (m.start(), m.end(), stem(m.group()))
+        for m in _WORD.finditer(flat)
+        if m.group().lower() not in _STOPWORDS
+    )
+    return starts, sentences, tokens
+
+
 def _best_window_start(flat: str, wanted: set[str], limit: int) -> int:
     """Where the excerpt covering the most question words starts; 0 when nothing matches.
 
@@ -104,23 +128,28 @@ def _best_window_start(flat: str, wanted: set[str], limit: int) -> int:
     that fits from the chunk's start anyway keeps the start (no leading ellipsis).
     """
     room = max(limit - 2 * len(ELLIPSIS), 1)
+    words, sentence_starts, every_token = _layout(flat)
     # Only the question's words count, so only they are kept (most of a chunk is not).
-    tokens = [
-        (m.start(), m.end(), term)
-        for m in _WORD.finditer(flat)
-        if (term := stem(m.group())) in wanted and m.group().lower() not in _STOPWORDS
-    ]
+    tokens = [token for token in every_token if token[2] in wanted]
     if not tokens:
         return 0
-    sentence_starts = {0, *(gap.end() for gap in _SENTENCE_GAP.finditer(flat))}
+    # The window's words change only where a token leaves it (the start passes the token's
+    # start) or enters it (the end reaches the token's end). Between two such places every
+    # start covers the same words, and the best of them is a sentence start or else the
+    # first: so only those starts are tried, not every word of the chunk.
+    places = {0}
+    for token_start, token_end, _ in tokens:
+        places.add(token_start + 1)
+        places.add(token_end - room)
+    starts = {words[i] for p in places if (i := bisect.bisect_left(words, p)) < len(words)}
+    starts.update(sentence_starts)
     # One pass: the window's tokens are those that start at or after the candidate start and
     # end within room of it. Both ends only move forward, so each token enters and leaves once
     # (a word start is never inside a token, so a token before it has already entered).
     counts: dict[str, int] = {}
     first = last = 0
     best_key, best_start = (0, False, 0), 0
-    for word in _NON_SPACE.finditer(flat):
-        start = word.start()
+    for start in sorted(starts):
         while last < len(tokens) and tokens[last][1] <= start + room:
             term = tokens[last][2]
             counts[term] = counts.get(term, 0) + 1

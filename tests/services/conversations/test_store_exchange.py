@@ -1,0 +1,81 @@
+"""store_exchange writes a new conversation in one statement: the rows must be what a reader
+of history and a replayed request_id expect."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import select
+
+from services.assistants.domain import create_assistant
+from services.conversations import store
+from services.conversations.store import Turn
+from services.db.models import Conversation, Message
+from services.db.session import Database
+
+
+def test_a_new_conversation_is_written_whole(db: Database) -> None:
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    assistant = db.transact(lambda s: create_assistant(s, tenant, "store", {}))
+    turns = [Turn("system", "Be brief."), Turn("user", "  What  is\nthe notice period? ")]
+    request_id = f"r-{uuid.uuid4().hex}"
+    conversation_id, message_id = db.transact(
+        lambda s: store.store_exchange(
+            s,
+            tenant_id=tenant,
+            assistant_id=assistant.id,
+            conversation_id="",
+            new_turns=turns,
+            answer="Thirty days [1].",
+            citations=None,
+            response={"id": "cmpl-1", "finish_reason": "stop"},
+            request_id=request_id,
+        )
+    )
+
+    def rows(s):
+        conversation = s.get(Conversation, uuid.UUID(conversation_id))
+        messages = s.scalars(
+            select(Message).where(Message.conversation_id == conversation.id).order_by(Message.seq)
+        ).all()
+        return (
+            store.to_conversation(conversation),
+            [
+                (m.seq, m.role, m.content, m.request_id, m.citations, m.response, m.tenant_id)
+                for m in messages
+            ],
+            messages[-1].id,
+            {m.create_time for m in messages} == {conversation.create_time},
+        )
+
+    conversation, messages, last_id, same_time = db.transact(rows)
+    assert conversation.title == "What is the notice period?"
+    assert conversation.message_count == 3 and conversation.assistant_id == assistant.id
+    assert conversation.create_time == conversation.update_time and same_time
+    assert messages == [
+        (1, "system", "Be brief.", None, None, None, tenant),
+        (2, "user", "  What  is\nthe notice period? ", None, None, None, tenant),
+        (3, "assistant", "Thirty days [1].", request_id, None,
+         {"id": "cmpl-1", "finish_reason": "stop"}, tenant),
+    ]  # fmt: skip
+    assert str(last_id) == message_id
+    # The request_id finds the answer again, and the next exchange continues the numbering.
+    stored = db.transact(lambda s: store.find_answer(s, tenant, request_id))
+    assert stored is not None and stored.message_id == message_id
+    assert stored.response == {"id": "cmpl-1", "finish_reason": "stop"}
+    db.transact(
+        lambda s: store.store_exchange(
+            s,
+            tenant_id=tenant,
+            assistant_id=assistant.id,
+            conversation_id=conversation_id,
+            new_turns=[Turn("user", "And after that?")],
+            answer="Nothing.",
+            citations={"sources": []},
+            response={},
+            request_id="",
+        )
+    )
+    assert [(seq, role) for seq, role, *_ in db.transact(rows)[1]] == [
+        (1, "system"), (2, "user"), (3, "assistant"), (4, "user"), (5, "assistant"),
+    ]  # fmt: skip
