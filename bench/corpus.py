@@ -33,6 +33,7 @@ import psycopg
 from alembic import command
 from alembic.script import ScriptDirectory
 from pgvector.psycopg import register_vector
+from sqlalchemy import text
 
 from devstack.stack import EmbeddedStack
 from services.db import migrate
@@ -144,7 +145,28 @@ def open_corpus(stack: EmbeddedStack, scale: int, *, vectors: str = "random", lo
             log(f"built {scale:,} chunks in {time.perf_counter() - started:.0f} s")
         else:
             assistant = row[0]
+    assistant_indexes(url, log=log)
     return Corpus(url=url, scale=scale, tenant_id=TENANT, assistant_id=assistant, vectors=vectors)
+
+
+def assistant_indexes(url: str, *, log=print) -> None:
+    """The vector indexes of their own that the worker builds for large assistants holding a
+    minority of the chunks (services/retrieval/indexes.py): at 1M chunks, the distractors."""
+    from services.db.session import make_engine
+    from services.retrieval import indexes
+    from services.retrieval.search import EXACT_MAX_CHUNKS
+
+    engine = make_engine(url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            ids = [str(i) for i in conn.execute(text("SELECT id FROM assistants")).scalars()]
+        for assistant in ids:
+            started = time.perf_counter()
+            if indexes.build(engine, assistant, EXACT_MAX_CHUNKS):
+                took = time.perf_counter() - started
+                log(f"  index of assistant {assistant[:8]} in {took:.0f} s")
+    finally:
+        engine.dispose()
 
 
 def upgrade(url: str, *, log=print) -> None:

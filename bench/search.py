@@ -3,6 +3,7 @@
     .venv/bin/python bench/search.py                   # 10k chunks (built once, ~1 min)
     .venv/bin/python bench/search.py --scale 100000    # built once, ~10 min on 2 busy cores
     .venv/bin/python bench/search.py --scale 100000 --vectors random clustered
+    .venv/bin/python bench/search.py --scale 1000000 --vectors clustered --previous-queries 3
 
 The corpus (bench/corpus.py) is kept under /tmp/fnbench between runs. Printed:
 - hybrid search p50/p95 through `search` (two connections at once) and through the previous
@@ -10,7 +11,10 @@ The corpus (bench/corpus.py) is kept under /tmp/fnbench between runs. Printed:
 - where the time goes: the vector query, the full-text query (each on its own, outside a
   transaction, the way `search` runs them) and fusion;
 - recall@10 of the vector query against exact search (no index) on the same vectors, under
-  the tenant and assistant filters, for the large assistant and for a tenth-size one;
+  the tenant and assistant filters, for the large assistant and for a tenth-size one (with
+  questions near its own documents, and with the large one's, which are off its topics);
+  at 1M chunks the tenth-size assistants have vector indexes of their own, built as the
+  worker builds them (services/retrieval/indexes.py);
 each for random unit vectors (the worst case for HNSW) and, with `--vectors clustered`, for
 vectors clustered the way embeddings of real documents are (bench/corpus.py).
 """
@@ -25,6 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 from sqlalchemy import text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -108,6 +113,26 @@ def exact_ids(s, tenant_id, assistant_id, vector, k):
         },
     ).all()
     return [r.id for r in rows]
+
+
+def own_questions(db, assistant_id, count):
+    """Question vectors near the assistant's own documents: each a new chunk of one of them
+    (at corpus.TOPIC_COSINE from the mean of the document's chunks, its topic)."""
+    rows = db.transact(
+        lambda s: s.execute(
+            text(
+                "SELECT avg(embedding)::text FROM chunks WHERE assistant_id = :a"
+                " GROUP BY document_id ORDER BY md5(document_id::text) LIMIT :n"
+            ),
+            {"a": uuid.UUID(assistant_id), "n": count},
+        ).scalars()
+    )
+    rng = np.random.default_rng(corpus.SEED + 3)
+    for row in rows:
+        topic = np.array([float(x) for x in row.strip("[]").split(",")], dtype=np.float32)
+        topic /= np.linalg.norm(topic)
+        vector = corpus.near(rng, topic[None, :], corpus.TOPIC_COSINE)[0]
+        yield "", [float(x) for x in vector]
 
 
 def ms(seconds):
@@ -246,18 +271,28 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
         for name, t in stage_timings(db, c, questions).items():
             print(f"    {name:7s} {ms(percentile(t, 50))} / {ms(percentile(t, 95))}")
 
-        print("vector recall@10 against exact search (same vectors and filters)")
+        print(
+            "vector recall@10 against exact search (same vectors and filters): the assistant;"
+            " a tenth-size one with questions near its own documents, and with the large"
+            " one's questions (off its topics, the random-vector case for clustered corpora)"
+        )
         chosen = current.EF_SEARCH
         rq = questions[: args.recall_queries]
-        big_truth = truths(db, c.tenant_id, c.assistant_id, rq)
-        tenth_truth = truths(db, c.tenant_id, str(small), rq)
+        own = list(own_questions(db, str(small), len(rq))) if c.vectors == "clustered" else rq
+        sets = [
+            (c.assistant_id, rq, f"{c.scale:,}"),
+            (str(small), own, f"{c.scale // 10:,} own"),
+            (str(small), rq, f"{c.scale // 10:,} off"),
+        ]
+        if own is rq:
+            sets.pop(1)
+        sets = [(a, q, label, truths(db, c.tenant_id, a, q)) for a, q, label in sets]
         for ef in args.ef_search:
-            big, big_time = recall(db, c.tenant_id, c.assistant_id, rq, big_truth, ef)
-            tenth, tenth_time = recall(db, c.tenant_id, str(small), rq, tenth_truth, ef)
-            print(
-                f"  ef_search {ef:4d}: {big:.3f} ({c.scale:,} chunks, p50 {ms(big_time)})   "
-                f"{tenth:.3f} ({c.scale // 10:,} chunks, p50 {ms(tenth_time)})"
-            )
+            found = []
+            for assistant, qs, label, truth in sets:
+                r, t = recall(db, c.tenant_id, assistant, qs, truth, ef)
+                found.append(f"{r:.3f} ({label}, p50 {ms(t)})")
+            print(f"  ef_search {ef:4d}: " + "   ".join(found))
         current.EF_SEARCH = chosen
     finally:
         db.dispose()

@@ -24,6 +24,7 @@ QUEUES = (INGEST_QUEUE, LINKS_QUEUE)
 
 INGEST = "documents.ingest"
 PURGE = "documents.purge"
+INDEX_ASSISTANT = "documents.index_assistant"
 PRESIGN = "links.presign"
 
 # The longest task may run this long; the broker's visibility timeout must exceed it, or Redis

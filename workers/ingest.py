@@ -1,4 +1,5 @@
-"""Tasks on the `ingest` queue: documents.ingest and documents.purge, plus the reconciler."""
+"""Tasks on the `ingest` queue: documents.ingest, documents.purge and
+documents.index_assistant, plus the reconciler."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_ready, worker_shutdown
+from sqlalchemy import text
 
 from services import tasks
 from services.config import get_settings
@@ -19,6 +21,8 @@ from services.documents.ingest import FailureKind
 from services.documents.purge import purge_document
 from services.documents.reconcile import Grace, reconcile
 from services.observability.worker_metrics import INGEST_DOCUMENTS
+from services.retrieval import indexes
+from services.retrieval.search import EXACT_MAX_CHUNKS
 from services.tasks import TaskClient
 from workers.app import app
 from workers.resources import resources
@@ -102,6 +106,13 @@ def ingest(self: Task, document_id: str) -> str:
             r.db, r.storage, r.embedder, document_id, options, holder
         )
         INGEST_DOCUMENTS.labels(outcome.value.lower()).inc()
+        if outcome is ingestion.Outcome.READY:
+            try:
+                request_assistant_index(document_id)
+            except Exception:  # the document is READY whatever happens to the index
+                log.warning(
+                    "could not ask for the index of %s's assistant", document_id, exc_info=True
+                )
         return outcome.value
     except ingestion.TRANSIENT_ERRORS as exc:
         if self.request.retries >= self.max_retries:
@@ -124,6 +135,26 @@ def ingest(self: Task, document_id: str) -> str:
 def purge(document_id: str) -> bool:
     r = resources()
     return purge_document(r.db, r.storage, document_id)
+
+
+def request_assistant_index(document_id: str) -> None:
+    """Sends documents.index_assistant when the document's assistant needs a vector index of
+    its own (services/retrieval/indexes.py) and has no valid one yet."""
+    r = resources()
+    with r.db.engine.connect() as conn:
+        assistant = conn.execute(
+            text("SELECT assistant_id FROM documents WHERE id = :id"), {"id": document_id}
+        ).scalar()
+        if assistant is None or not indexes.needs_index(conn, str(assistant), EXACT_MAX_CHUNKS):
+            return
+    index_assistant.delay(str(assistant))
+
+
+# No retries: the next document that becomes READY asks again, and a build that died leaves an
+# invalid index that the next build replaces.
+@app.task(name=tasks.INDEX_ASSISTANT, acks_late=True, reject_on_worker_lost=True)
+def index_assistant(assistant_id: str) -> bool:
+    return indexes.build(resources().db.engine, assistant_id, EXACT_MAX_CHUNKS)
 
 
 _stop_reconciler = threading.Event()
