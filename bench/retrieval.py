@@ -259,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         began = time.perf_counter()
         chunks = index_documents(db, embedder, assistant.id, args.documents)
         indexed = time.perf_counter() - began
+        # A live database has analysed the table within a minute (autovacuum); full text
+        # chooses a question's terms from those statistics.
+        db.read(lambda s: s.execute(text("ANALYZE chunks")))
         vectors = {q.id: embedder.embed_query(q.question) for q in questions}
 
         def hybrid(question: str, vector: list[float]) -> tuple[SourceView, ...]:

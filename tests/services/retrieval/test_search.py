@@ -320,6 +320,13 @@ def test_the_rarest_terms_are_kept_within_the_budget(db):
     assert choose(db, "the and of", common, shares, 0.01, 1000, 100) is None
 
 
+def test_a_smaller_assistant_ranks_at_most_half_its_chunks(monkeypatch):
+    monkeypatch.setattr(searching, "term_frequencies", lambda s: ("{}", "{}", 0.0))
+    for chunks, budget in ((40, 64), (1000, 500), (10**6, searching.TEXT_BUDGET_ROWS)):
+        monkeypatch.setattr(searching, "assistant_chunks", lambda s, t, a, n=chunks: n)
+        assert searching.term_choice(None, "t", "a", "leave")["budget"] == budget
+
+
 def test_terms_are_quoted_for_tsquery(db):
     # Lexemes with characters that tsquery input would read as syntax, or split again.
     question = "e-mail a@b.example /usr/local v1.2.3 o'neil x:y back\\slash (and) !not"
