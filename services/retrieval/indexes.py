@@ -39,13 +39,21 @@ _NAME = re.compile(rf"^{PREFIX}([0-9a-f]{{32}})$")
 
 # All chunks: the planner's estimate once the table has been analysed (counting a million
 # rows takes a while), a count before that.
+EVERYONE = """
+    SELECT CASE WHEN reltuples >= 0 THEN reltuples ELSE (SELECT count(*) FROM chunks) END
+    FROM pg_class WHERE oid = 'chunks'::regclass
+"""
+# Whether the index named :index is there and usable.
+VALID = """
+    SELECT 1 FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid
+    WHERE x.relname = :index AND i.indisvalid
+"""
 COUNTS_SQL = text(
-    """
+    f"""
     SELECT
       (SELECT coalesce(sum(chunk_count), 0) FROM documents
        WHERE assistant_id = :assistant AND state = 'READY' AND delete_time IS NULL) AS mine,
-      (SELECT CASE WHEN reltuples >= 0 THEN reltuples ELSE (SELECT count(*) FROM chunks) END
-       FROM pg_class WHERE oid = 'chunks'::regclass) AS everyone
+      ({EVERYONE}) AS everyone
     """
 )
 INDEXES_SQL = text(
@@ -63,7 +71,7 @@ def index_name(assistant_id: str) -> str:
 
 def wanted(mine: int, everyone: float, exact_max_chunks: int) -> bool:
     """Whether an assistant of `mine` chunks, among `everyone`, needs an index of its own."""
-    return exact_max_chunks < mine <= MAX_SHARE * max(everyone, mine)
+    return exact_max_chunks < mine <= MAX_SHARE * max(float(everyone), mine)
 
 
 def needs_index(conn: Connection, assistant_id: str, exact_max_chunks: int) -> bool:

@@ -16,6 +16,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Row, text
@@ -23,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from services.citations import RetrievedChunk, ScoreKind, SourceLocation, join_heading
 from services.db.session import Database
-from services.retrieval import fusion
+from services.retrieval import fusion, indexes
 from services.retrieval.fusion import diversify, fuse, normalize_score
 
 # HNSW keeps this many candidates while it walks the graph. On 100k clustered vectors (shaped
@@ -31,10 +32,14 @@ from services.retrieval.fusion import diversify, fuse, normalize_score
 # search was 0.96 at 40 and 0.997 at 100. Random unit vectors, where no index helps, reach
 # only a fraction at any affordable value; see docs/performance.md.
 EF_SEARCH = 100
-# An assistant with at most this many chunks is searched exactly (no HNSW): cheap at that
-# size, and a filtered HNSW scan over a small share of a large table finds little.
-EXACT_MAX_CHUNKS = 20_000
-# How long an assistant's chunk count is trusted for choosing between the two.
+# An assistant with at most this many chunks is searched exactly (no HNSW), which costs about
+# as many vectors' distances as it holds: at 10k chunks 28 ms p50, where the assistant's own
+# HNSW index took 5 ms for the same recall on questions near its documents. A larger one is
+# searched through HNSW: its own index (indexes.py) when it holds a minority of the chunks,
+# the index over every chunk when it holds most (a filtered scan of that index over a small
+# share of the table finds little); exactly while its own index is being built.
+EXACT_MAX_CHUNKS = 5_000
+# How long an assistant's chunk count (and whether its own index is there) is trusted.
 CHUNK_COUNT_SECONDS = 60.0
 # Full text ranks at most this many matching rows: the question's rarest terms are kept while
 # the rows they are expected to match stay within the budget, and the cap bounds a wrong guess
@@ -126,8 +131,11 @@ EXACT_VECTOR_SQL = text(
 )
 
 CHUNK_COUNT_SQL = text(
-    """
-    SELECT coalesce(sum(d.chunk_count), 0) FROM documents d
+    f"""
+    SELECT coalesce(sum(d.chunk_count), 0) AS chunks,
+           ({indexes.EVERYONE}) AS everyone,
+           EXISTS ({indexes.VALID}) AS own_index
+    FROM documents d
     WHERE d.tenant_id = :tenant AND d.assistant_id = :assistant
       AND d.state = 'READY' AND d.delete_time IS NULL
     """
@@ -239,12 +247,9 @@ def vector_candidates(
 ) -> list[Row[Any]]:
     """The nearest chunks by cosine, most similar first."""
     use_search_settings(s)
-    if assistant_chunks(s, tenant_id, assistant_id) <= EXACT_MAX_CHUNKS:
-        sql = EXACT_VECTOR_SQL
-    else:
-        sql = VECTOR_SQL
+    exact = assistant_size(s, tenant_id, assistant_id).exact
     rows = s.execute(
-        sql,
+        EXACT_VECTOR_SQL if exact else VECTOR_SQL,
         {
             "tenant": tenant_id,
             "assistant": uuid.UUID(assistant_id),
@@ -313,27 +318,45 @@ def term_choice(
     }
 
 
-_chunk_counts: dict[tuple[str, str, str], tuple[float, int]] = {}
+@dataclass(frozen=True)
+class AssistantSize:
+    chunks: int  # in the assistant's READY documents
+    exact: bool  # whether its vector search is exact rather than through HNSW
 
 
-def assistant_chunks(s: Session, tenant_id: str, assistant_id: str) -> int:
-    """How many chunks the assistant's READY documents hold, cached for a minute.
+_sizes: dict[tuple[str, str, str], tuple[float, AssistantSize]] = {}
 
-    Only chooses how to search (exact or HNSW, which terms to rank): a stale count changes the
-    cost of a search, not which documents it may return.
+
+def assistant_size(s: Session, tenant_id: str, assistant_id: str) -> AssistantSize:
+    """How many chunks the assistant holds and how it is searched, cached for a minute.
+
+    Only chooses how to search (exact or HNSW, which terms to rank): a stale answer changes
+    the cost of a search, not which documents it may return.
     """
     key = (str(s.get_bind().engine.url), tenant_id, assistant_id)
     now = time.monotonic()
-    cached = _chunk_counts.get(key)
+    cached = _sizes.get(key)
     if cached is not None and cached[0] > now:
         return cached[1]
-    count = s.execute(
-        CHUNK_COUNT_SQL, {"tenant": tenant_id, "assistant": uuid.UUID(assistant_id)}
-    ).scalar_one()
-    if len(_chunk_counts) > 10_000:
-        _chunk_counts.clear()
-    _chunk_counts[key] = (now + CHUNK_COUNT_SECONDS, int(count))
-    return int(count)
+    row = s.execute(
+        CHUNK_COUNT_SQL,
+        {
+            "tenant": tenant_id,
+            "assistant": uuid.UUID(assistant_id),
+            "index": indexes.index_name(assistant_id),
+        },
+    ).one()
+    chunks = int(row.chunks)
+    waiting = not row.own_index and indexes.wanted(chunks, row.everyone, EXACT_MAX_CHUNKS)
+    size = AssistantSize(chunks, exact=chunks <= EXACT_MAX_CHUNKS or waiting)
+    if len(_sizes) > 10_000:
+        _sizes.clear()
+    _sizes[key] = (now + CHUNK_COUNT_SECONDS, size)
+    return size
+
+
+def assistant_chunks(s: Session, tenant_id: str, assistant_id: str) -> int:
+    return assistant_size(s, tenant_id, assistant_id).chunks
 
 
 _term_stats: dict[str, tuple[float, str, str, float]] = {}

@@ -51,7 +51,9 @@ def plan(db, tenant, assistant, vector):
     return db.transact(explain)
 
 
-async def test_an_assistant_index_is_built_used_rebuilt_and_dropped(channel, make_key, db):
+async def test_an_assistant_index_is_built_used_rebuilt_and_dropped(
+    channel, make_key, db, monkeypatch
+):
     tenant = "index-" + uuid.uuid4().hex[:6]
     key = make_key(tenant)
     small, other = await make_assistant(channel, key), await make_assistant(channel, key)
@@ -66,10 +68,18 @@ async def test_an_assistant_index_is_built_used_rebuilt_and_dropped(channel, mak
         with db.engine.connect() as conn:
             return indexes.existing(conn).get(name)
 
+    def searched_exactly():
+        searching._sizes.clear()
+        return db.read(lambda s: searching.assistant_size(s, tenant, small)).exact
+
     assert indexes.build(db.engine, small, 10**6) is False  # too small to need one
     assert state() is None
+    # Large enough for HNSW, but the shared index would find little of it: exact meanwhile.
+    monkeypatch.setattr(searching, "EXACT_MAX_CHUNKS", 0)
+    assert searched_exactly()
     assert indexes.build(db.engine, small, 0) is True
     assert state() is True
+    assert not searched_exactly()
     assert indexes.build(db.engine, small, 0) is False  # there already
 
     vector = create_embedder().embed_query("annual leave")
@@ -85,6 +95,7 @@ async def test_an_assistant_index_is_built_used_rebuilt_and_dropped(channel, mak
     )
     assert state() is False
     assert name not in plan(db, tenant, small, vector)
+    assert searched_exactly()
     assert indexes.build(db.engine, small, 0) is True
     assert state() is True
 

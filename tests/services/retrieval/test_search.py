@@ -13,6 +13,7 @@ from footnote.v1 import documents_service_pb2 as pb
 from footnote.v1 import documents_service_pb2_grpc as pb_grpc
 from services.citations import ScoreKind
 from services.db.session import Database, make_engine
+from services.retrieval import indexes
 from services.retrieval import search as searching
 from services.retrieval.embeddings import create_embedder
 from services.retrieval.fusion import fuse
@@ -263,6 +264,7 @@ async def test_hnsw_search_outside_a_transaction_matches_the_transaction(
     # Every assistant searched through HNSW: the settings are then set per connection by
     # `search` and per transaction by `hybrid_search`, and both must find the same chunks.
     monkeypatch.setattr(searching, "EXACT_MAX_CHUNKS", -1)
+    monkeypatch.setattr(indexes, "MAX_SHARE", 0.0)  # no index of its own: the shared one
     tenant = "hnsw-" + uuid.uuid4().hex[:6]
     await assert_both_searches_agree(channel, make_key, db, embedder, tenant, QUESTIONS)
 
