@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import enum
 import math
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
 from services.citations import ScoreKind
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)  # a candidate's id
 
 # Reciprocal rank fusion over two lists (vector, full text), with the customary k = 60. The
 # tunables below were chosen on the labelled set with bench/retrieval.py (docs/quality.md).
@@ -43,12 +43,12 @@ class RerankScale(enum.Enum):
 
 
 def fuse(
-    rankings: Sequence[Sequence[uuid.UUID]],
+    rankings: Sequence[Sequence[K]],
     k: int = RRF_K,
     weights: Sequence[float] | None = None,
-) -> dict[uuid.UUID, float]:
+) -> dict[K, float]:
     """Reciprocal rank fusion: each list adds weight / (k + rank) for every id it holds."""
-    scores: dict[uuid.UUID, float] = {}
+    scores: dict[K, float] = {}
     for number, ranking in enumerate(rankings):
         weight = 1.0 if weights is None else weights[number]
         for rank, chunk_id in enumerate(ranking, start=1):

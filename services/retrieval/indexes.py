@@ -109,7 +109,8 @@ def build(engine: Engine, assistant_id: str, exact_max_chunks: int) -> bool:
     """Builds the assistant's index if it needs one; True if this call built it.
 
     Runs outside a transaction (CREATE INDEX CONCURRENTLY must), without the pool's statement
-    timeout, holding an advisory lock so that two workers never build the same index.
+    timeout, holding an advisory lock so that two workers never build the same index. The
+    settings it changes are reset before the connection goes back to the pool.
     """
     name = index_name(assistant_id)
     lock = uuid.UUID(assistant_id).int & 0x7FFF_FFFF_FFFF_FFFF
@@ -130,6 +131,8 @@ def build(engine: Engine, assistant_id: str, exact_max_chunks: int) -> bool:
             log.info("built %s", name)
             return True
         finally:
+            conn.execute(text("RESET statement_timeout"))
+            conn.execute(text("RESET maintenance_work_mem"))
             conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": lock})
 
 

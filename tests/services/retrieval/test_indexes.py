@@ -10,6 +10,7 @@ from sqlalchemy import text
 from footnote.v1 import assistants_service_pb2 as apb
 from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
 from footnote.v1 import documents_service_pb2_grpc as pb_grpc
+from services.db.session import make_engine
 from services.retrieval import indexes
 from services.retrieval import search as searching
 from services.retrieval.embeddings import create_embedder
@@ -52,7 +53,7 @@ def plan(db, tenant, assistant, vector):
 
 
 async def test_an_assistant_index_is_built_used_rebuilt_and_dropped(
-    channel, make_key, db, monkeypatch
+    channel, make_key, db, settings, monkeypatch
 ):
     tenant = "index-" + uuid.uuid4().hex[:6]
     key = make_key(tenant)
@@ -77,7 +78,13 @@ async def test_an_assistant_index_is_built_used_rebuilt_and_dropped(
     # Large enough for HNSW, but the shared index would find little of it: exact meanwhile.
     monkeypatch.setattr(searching, "EXACT_MAX_CHUNKS", 0)
     assert searched_exactly()
-    assert indexes.build(db.engine, small, 0) is True
+    single = make_engine(settings.database_url or "", pool_size=1)
+    try:
+        assert indexes.build(single, small, 0) is True
+        with single.connect() as conn:  # the same pooled connection, its settings as before
+            assert conn.execute(text("SHOW statement_timeout")).scalar() == "1min"
+    finally:
+        single.dispose()
     assert state() is True
     assert not searched_exactly()
     assert indexes.build(db.engine, small, 0) is False  # there already
