@@ -184,6 +184,12 @@ def run_reconciler() -> None:
             reconcile(resources().db, TaskClient(app), grace=grace, ready=dependencies_up)
         except Exception:  # the next pass tries again; a dead reconciler would lose documents
             log.exception("reconcile pass failed")
+        try:
+            with resources().db.engine.connect() as conn:
+                for assistant in indexes.waiting(conn, EXACT_MAX_CHUNKS):
+                    index_assistant.delay(assistant)
+        except Exception:
+            log.exception("looking for assistants without their own index failed")
         if _stop_reconciler.wait(settings.reconcile_interval_seconds):
             return
 

@@ -13,9 +13,10 @@ search.PLAN_CACHE_MODE) picks it by itself.
 Which assistants: those with more chunks than search.EXACT_MAX_CHUNKS (smaller ones are
 searched exactly) and at most MAX_SHARE of all chunks. The index is built with CREATE INDEX
 CONCURRENTLY by the `documents.index_assistant` task, which the ingest task sends when a
-document of an assistant that needs one becomes READY; until it is valid, searches use the
-index over every chunk, as before. A build that died leaves an invalid index, which the next
-build drops first. Indexes of assistants that no longer exist are dropped by the next build.
+document of an assistant that needs one becomes READY, and the worker's reconciler for any
+assistant still waiting for one; until it is valid, the assistant is searched exactly. A
+build that died leaves an invalid index, which the next build drops first. Indexes of
+assistants that no longer exist are dropped by the next build.
 """
 
 from __future__ import annotations
@@ -80,6 +81,32 @@ def needs_index(conn: Connection, assistant_id: str, exact_max_chunks: int) -> b
     if not wanted(int(row.mine), float(row.everyone or 0), exact_max_chunks):
         return False
     return existing(conn).get(index_name(assistant_id)) is not True
+
+
+LARGE_SQL = text(
+    """
+    SELECT assistant_id, sum(chunk_count) AS chunks FROM documents
+    WHERE state = 'READY' AND delete_time IS NULL
+    GROUP BY assistant_id HAVING sum(chunk_count) > :exact_max
+    """
+)
+
+
+def waiting(conn: Connection, exact_max_chunks: int) -> list[str]:
+    """The assistants that should have an index of their own and have no valid one: the
+    worker's reconciler asks for theirs, so that an assistant that was already large before
+    these indexes existed, or whose build failed, gets one without a new upload."""
+    large = conn.execute(LARGE_SQL, {"exact_max": exact_max_chunks}).all()
+    if not large:
+        return []
+    everyone = float(conn.execute(text(EVERYONE)).scalar() or 0)
+    valid = existing(conn)
+    return [
+        str(r.assistant_id)
+        for r in large
+        if wanted(int(r.chunks), everyone, exact_max_chunks)
+        and valid.get(index_name(str(r.assistant_id))) is not True
+    ]
 
 
 def existing(conn: Connection) -> dict[str, bool]:

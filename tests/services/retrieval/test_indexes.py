@@ -78,6 +78,12 @@ async def test_an_assistant_index_is_built_used_rebuilt_and_dropped(
     # Large enough for HNSW, but the shared index would find little of it: exact meanwhile.
     monkeypatch.setattr(searching, "EXACT_MAX_CHUNKS", 0)
     assert searched_exactly()
+
+    def waiting():
+        with db.engine.connect() as conn:
+            return indexes.waiting(conn, 0)
+
+    assert small in waiting() and other not in waiting()  # other holds most of the chunks
     single = make_engine(settings.database_url or "", pool_size=1)
     try:
         assert indexes.build(single, small, 0) is True
@@ -87,6 +93,7 @@ async def test_an_assistant_index_is_built_used_rebuilt_and_dropped(
         single.dispose()
     assert state() is True
     assert not searched_exactly()
+    assert small not in waiting()
     assert indexes.build(db.engine, small, 0) is False  # there already
 
     vector = create_embedder().embed_query("annual leave")
