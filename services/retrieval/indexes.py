@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 # An assistant holding at most this share of all chunks gets an index of its own.
 MAX_SHARE = 0.5
+# ... and at most this many chunks: a build must end within the task's 15-minute limit (100k
+# chunks took 81-101 s on two busy cores), or every reconciler pass would start it again.
+# A larger assistant stays on the shared index.
+MAX_CHUNKS = 500_000
 # Memory for building one (the graph is built in memory while it fits).
 BUILD_MEMORY = "1GB"
 PREFIX = "ix_chunks_embedding_hnsw_a_"
@@ -72,7 +76,7 @@ def index_name(assistant_id: str) -> str:
 
 def wanted(mine: int, everyone: float, exact_max_chunks: int) -> bool:
     """Whether an assistant of `mine` chunks, among `everyone`, needs an index of its own."""
-    return exact_max_chunks < mine <= MAX_SHARE * max(float(everyone), mine)
+    return exact_max_chunks < mine <= min(MAX_CHUNKS, MAX_SHARE * max(float(everyone), mine))
 
 
 def needs_index(conn: Connection, assistant_id: str, exact_max_chunks: int) -> bool:

@@ -26,6 +26,7 @@ def test_which_assistants_get_an_index_of_their_own():
     assert not indexes.wanted(1_000_000, 1_200_000, 20_000)  # the shared index serves it
     assert not indexes.wanted(10_000, 1_200_000, 20_000)  # searched exactly
     assert not indexes.wanted(30_000, -1, 20_000)  # a table never analysed: not a minority
+    assert not indexes.wanted(600_000, 10**7, 20_000)  # too long to build in a task
     assert indexes.index_name("62df9f9b-d5a1-4314-8aac-695a24bbd55e") == (
         "ix_chunks_embedding_hnsw_a_62df9f9bd5a143148aac695a24bbd55e"
     )
