@@ -411,13 +411,9 @@ def build(conn: psycopg.Connection, scale: int, *, vectors: str = "random", log=
 
 
 def vector_index_sql() -> str:
-    from sqlalchemy.dialects import postgresql
-    from sqlalchemy.schema import CreateIndex
+    from services.retrieval.indexes import shared_index_sql
 
-    from services.db.models import Chunk
-
-    index = next(i for i in Chunk.__table__.indexes if i.name == "ix_chunks_embedding_hnsw")
-    return str(CreateIndex(index, if_not_exists=True).compile(dialect=postgresql.dialect()))
+    return shared_index_sql(if_not_exists=True)
 
 
 def build_vector_index(conn: psycopg.Connection, *, log=print) -> None:

@@ -118,15 +118,21 @@ def existing(conn: Connection) -> dict[str, bool]:
     return {r.name: r.valid for r in conn.execute(INDEXES_SQL, {"prefix": PREFIX + "%"})}
 
 
-def create_sql(assistant_id: str) -> str:
-    """The statement that builds an assistant's index: the global index's method and settings,
-    compiled from the model, restricted to the assistant's rows."""
+def shared_index_sql(*, if_not_exists: bool = False) -> str:
+    """The statement that builds the HNSW index over every chunk, compiled from the model."""
     from sqlalchemy.dialects import postgresql
     from sqlalchemy.schema import CreateIndex
 
-    glob = next(i for i in Chunk.__table__.indexes if i.name == "ix_chunks_embedding_hnsw")
-    statement = str(CreateIndex(glob).compile(dialect=postgresql.dialect()))
-    head, _, rest = statement.partition(" ON ")
+    shared = next(i for i in Chunk.__table__.indexes if i.name == "ix_chunks_embedding_hnsw")
+    return str(
+        CreateIndex(shared, if_not_exists=if_not_exists).compile(dialect=postgresql.dialect())
+    )
+
+
+def create_sql(assistant_id: str) -> str:
+    """The statement that builds an assistant's index: the shared index's method and
+    settings, restricted to the assistant's rows."""
+    head, _, rest = shared_index_sql().partition(" ON ")
     assert head == "CREATE INDEX ix_chunks_embedding_hnsw", head
     # The uuid is written into the statement (a partial index's predicate takes no
     # parameters); uuid.UUID has already checked that it is one.
