@@ -4,6 +4,7 @@
     .venv/bin/python bench/ttft.py --scale 100000
     .venv/bin/python bench/ttft.py --scale 100000 --compare main   # and main's server, in turn
     .venv/bin/python bench/ttft.py --scale 100000 --server main    # main's server alone
+    .venv/bin/python bench/ttft.py --scale 100000 --vectors clustered
 
 The baseline is the scripted upstream's own first token, asked directly over HTTP; the
 figure is the first delta of StreamComplete (retrieval on, citations on) through a Footnote
@@ -15,8 +16,9 @@ both alike, which separate runs (tens of ms apart on a shared machine) cannot pr
 Two breakdowns follow. "In the server" comes from the server's own spans, sent over OTLP to
 this process and read after the server has stopped (nothing is exported while it answers):
 arrival (the call until the server's span starts), retrieval (from there until the chunks
-are ready: the embedding, the search, and the assistant's transaction beside them, whose own
-durations are shown too, and when the embedding began), prompt (chunks to the model being
+are ready: the embedding, the search, and the assistant's read beside them, whose own
+durations are shown too, with when the embedding began and the search's vector and full-text
+queries, each from its start to its rows in Python), prompt (chunks to the model being
 asked: sources, excerpts, the numbered context), model (asked until its first text, over
 HTTP; the upstream's own first token, measured right before by this process, is the
 baseline) and relay (the model's first text until the first delta is handed to gRPC), then
@@ -145,8 +147,8 @@ def server_steps(
     sink: SpanSink, calls: dict[str, tuple[int, int]], own: dict[str, float]
 ) -> dict[str, list[float]]:
     """Each request's start, step by step, from the server's spans (seconds)."""
-    names = ("arrival", "retrieval", "  assistant", "  embedding", "    began", "prompt", "model")
-    names += ("  over own", "relay", "to client")
+    names = ("arrival", "retrieval", "  assistant", "  embedding", "    began", "  vector")
+    names += ("  text", "prompt", "model", "  over own", "relay", "to client")
     steps: dict[str, list[float]] = {k: [] for k in names}
     for spans in sink.traces().values():
         rpc = next((s for s in spans if s.name.endswith("/StreamComplete")), None)
@@ -157,6 +159,7 @@ def server_steps(
         by_name = {s.name: s for s in spans}
         retrieve, generate = by_name["chat.retrieve"], by_name["chat.generate"]
         load, embed = by_name.get("chat.load"), by_name.get("retrieval.embed_questions")
+        vector, text = by_name.get("retrieval.vector"), by_name.get("retrieval.text")
         # A server older than these events (--server) has only the spans.
         token = [e.time_unix_nano for e in generate.events if e.name.endswith("first_token")]
         delta = [e.time_unix_nano for e in rpc.events if e.name.endswith("first_delta")]
@@ -164,9 +167,11 @@ def server_steps(
         values = {
             "arrival": rpc.start_time_unix_nano - called,
             "retrieval": retrieve.end_time_unix_nano - rpc.start_time_unix_nano,
-            "  assistant": load.end_time_unix_nano - load.start_time_unix_nano if load else None,
-            "  embedding": embed.end_time_unix_nano - embed.start_time_unix_nano if embed else None,
+            "  assistant": duration(load),
+            "  embedding": duration(embed),
             "    began": embed.start_time_unix_nano - rpc.start_time_unix_nano if embed else None,
+            "  vector": duration(vector),
+            "  text": duration(text),
             "prompt": generate.start_time_unix_nano - retrieve.end_time_unix_nano,
             "model": model,
             "  over own": model - round(own[rid] * 1e9) if model is not None else None,
@@ -177,6 +182,10 @@ def server_steps(
             if ns is not None:
                 steps[name].append(ns / 1e9)
     return steps
+
+
+def duration(span) -> int | None:
+    return span.end_time_unix_nano - span.start_time_unix_nano if span is not None else None
 
 
 def ms(values, p):
@@ -263,6 +272,15 @@ async def main() -> None:
     parser.add_argument("--scale", type=int, default=10_000)
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument(
+        "--warm-up", type=int, default=20, help="questions asked first and not counted"
+    )
+    parser.add_argument(
+        "--vectors",
+        choices=corpus.VECTORS,
+        default="random",
+        help="the corpus's chunk vectors (bench/corpus.py); the questions are embedded as always",
+    )
+    parser.add_argument(
         "--compare",
         metavar="REV",
         help="also run the server at REV (exported with git archive) and ask both in turn",
@@ -283,12 +301,15 @@ async def main() -> None:
     stack = corpus.start_stack()
     sink = SpanSink()
     try:
-        c = corpus.open_corpus(stack, args.scale)
+        c = corpus.open_corpus(stack, args.scale, vectors=args.vectors)
         key = Database(make_engine(c.url, pool_size=1)).transact(
             lambda s: auth.create_key(s, c.tenant_id)
         )
         endpoints = dataclasses.replace(stack.endpoints, database_url=c.url)
-        questions = [q for q, _ in corpus.questions(args.requests)]
+        # Other questions first: right after a start, or after another corpus was searched, the
+        # first few dozen answers read pages from disk (a p95 of hundreds of ms, then tens).
+        asked = [q for q, _ in corpus.questions(args.requests + args.warm_up)]
+        questions, warm = asked[: args.requests], asked[args.requests :]
         names = [f"at {args.server}" if args.server else "this tree"]
         names += [f"at {args.compare}"] if args.compare else []
         calls: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in names}
@@ -312,7 +333,7 @@ async def main() -> None:
                     )
                     for target in targets
                 ]
-                for i, q in enumerate(["warm up", "warm up", *questions]):
+                for i, q in enumerate([*warm, *questions]):
                     u = await upstream_first_token(client, llm)
                     # Each server answers the same question right after the upstream's own
                     # first token was timed, in turn, so load from elsewhere hits both alike.
@@ -328,13 +349,16 @@ async def main() -> None:
                         )
                         metadata = (("authorization", f"Bearer {key}"), ("x-request-id", rid))
                         f, called, arrived = await footnote_first_delta(stub, request, metadata)
-                        if i >= 2:
+                        if i >= len(warm):
                             through[name].append(f)
                             calls[name][rid] = (called, arrived)
                             own_first[rid] = u
-                    if i >= 2:
+                    if i >= len(warm):
                         own.append(u)
-        print(f"time to first delta, {c.scale:,} chunks, {len(own)} requests one at a time")
+        print(
+            f"time to first delta, {c.scale:,} chunks ({args.vectors} vectors), "
+            f"{len(own)} requests one at a time"
+        )
         print(f"  upstream's own first token  p50 {ms(own, 50)}  p95 {ms(own, 95)}")
         for name in names:
             first = through[name]

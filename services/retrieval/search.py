@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from services.citations import RetrievedChunk, ScoreKind, SourceLocation, join_heading
 from services.db.session import Database
+from services.observability.tracing import traced
 from services.retrieval import fusion, indexes
 from services.retrieval.fusion import diversify, fuse, normalize_score
 
@@ -454,13 +455,17 @@ async def search(
 
     async def nearest() -> list[Row[Any]]:
         vector = await query_vector
-        return await db.run_read(
-            lambda s: vector_candidates(s, tenant_id, assistant_id, vector, limit)
+        return await traced(
+            "retrieval.vector",
+            db.run_read(lambda s: vector_candidates(s, tenant_id, assistant_id, vector, limit)),
         )
 
     vector_rows, text_rows = await asyncio.gather(
         nearest(),
-        db.run_read(lambda s: text_candidates(s, tenant_id, assistant_id, query, limit)),
+        traced(
+            "retrieval.text",
+            db.run_read(lambda s: text_candidates(s, tenant_id, assistant_id, query, limit)),
+        ),
     )
     return rank(vector_rows, text_rows, top_k, score_threshold)
 

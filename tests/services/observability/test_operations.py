@@ -335,6 +335,13 @@ async def test_one_trace_runs_from_stream_complete_through_retrieval_llm_and_lin
     [embed] = children(memory, rpc, "retrieval.embed_questions")
     assert embed.attributes["footnote.batch_size"] == 1
     assert embed.end_time <= retrieve.end_time and load.end_time <= retrieve.end_time
+    # The search's two queries: inside the retrieval, or beside it when started early.
+    [vector] = children(memory, retrieve, "retrieval.vector") or children(
+        memory, rpc, "retrieval.vector"
+    )
+    [text] = children(memory, retrieve, "retrieval.text") or children(memory, rpc, "retrieval.text")
+    assert embed.end_time <= vector.start_time
+    assert vector.end_time <= retrieve.end_time and text.end_time <= retrieve.end_time
     [generate] = children(memory, rpc, "chat.generate")
     # The answer's start, step by step: the model's first text, then the first delta sent.
     [first_token] = [e for e in generate.events if e.name == "footnote.first_token"]
