@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -198,6 +199,7 @@ async def serve(
     deps = Deps.from_settings(settings)
     await asyncio.to_thread(deps.storage.ensure_bucket)
     server, port = create_server(settings, deps)
+    freeze_startup_objects()
     await server.start()
     http_runner, http_port = await start_http(
         create_http_app(deps),
@@ -222,6 +224,19 @@ async def serve(
         await http_runner.cleanup()
         await deps.aclose()
         flush_tracing()  # the provider itself shuts down at exit
+
+
+def freeze_startup_objects() -> None:
+    """Keeps what the process made to start (and keeps for life) out of full collections.
+
+    Modules, message descriptors, compiled statements and the services are about 160,000
+    objects that the cyclic garbage collector walked in every full collection: 50-100 ms
+    with the event loop and every thread stopped, several times a minute under load (9 in
+    800 unary Completes, up to 319 ms each on a busy machine). Frozen (`gc.freeze`), they are
+    never walked again, and a full collection walks only what requests left behind.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import grpc
@@ -10,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.config import Settings
-from services.server import loop_factory, server_options
+from services.server import loop_factory, serve, server_options
 
 METHOD = "/test.Blocking/Call"
 
@@ -82,3 +83,19 @@ def test_the_server_runs_on_uvloop_when_configured() -> None:
 def test_an_unknown_event_loop_is_refused() -> None:
     with pytest.raises(ValidationError, match="event_loop"):
         Settings(event_loop="trio")
+
+
+async def test_a_started_server_keeps_its_startup_objects_out_of_full_collections(
+    settings: Settings,
+) -> None:
+    gc.unfreeze()
+    stop = asyncio.Event()
+    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    running = asyncio.create_task(serve(settings.model_copy(update={"http_port": 0}), stop, ready))
+    try:
+        await asyncio.wait_for(asyncio.shield(ready), 60)
+        assert gc.get_freeze_count() > 10_000
+    finally:
+        stop.set()
+        await running
+        gc.unfreeze()  # this test process's objects go back to the collector
