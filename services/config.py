@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     # uses: "static" (WordLlama's token table, about 0.1 ms a sentence) or "local" (MiniLM,
     # 13-20 ms a sentence on two cores, verdicts about 1 point closer to the labelled set).
     evidence_embedder: Literal["static", "local"] = "static"
+    # HNSW's search breadth (pgvector's hnsw.ef_search): more finds more of the true nearest
+    # chunks in a large index, for more time. At 1M chunks, in one build of the index, 100
+    # found 0.917 of them in 7.6 ms and 400 found 0.982 in 26 ms (docs/performance.md).
+    hnsw_ef_search: int = Field(default=100, ge=10, le=1000)
 
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 50051

@@ -45,6 +45,7 @@ from services.llm.factory import create_generator
 from services.observability.interceptor import ObservabilityInterceptor
 from services.observability.tracing import flush_tracing, setup_tracing
 from services.ports import free_port
+from services.retrieval import search as searching
 from services.retrieval.embeddings import create_embedder
 from services.rpc import FootnoteInterceptor
 from services.storage import Storage
@@ -196,6 +197,7 @@ async def serve(
         # Links name the HTTP port, so it must be known before anything is served.
         settings = settings.model_copy(update={"http_port": free_port(settings.grpc_host)})
     setup_tracing("footnote-server")
+    searching.configure(ef_search=settings.hnsw_ef_search)
     deps = Deps.from_settings(settings)
     await asyncio.to_thread(deps.storage.ensure_bucket)
     server, port = create_server(settings, deps)

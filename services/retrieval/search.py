@@ -31,7 +31,8 @@ from services.retrieval.fusion import diversify, fuse, normalize_score
 # HNSW keeps this many candidates while it walks the graph. On 100k clustered vectors (shaped
 # like embeddings of documents) and the index of migration 0007, recall@10 against exact
 # search was 0.96 at 40 and 0.997 at 100. Random unit vectors, where no index helps, reach
-# only a fraction at any affordable value; see docs/performance.md.
+# only a fraction at any affordable value; see docs/performance.md. The server takes
+# FOOTNOTE_HNSW_EF_SEARCH (`configure`).
 EF_SEARCH = 100
 # An assistant with at most this many chunks is searched exactly (no HNSW), which costs about
 # as many vectors' distances as it holds: at 10k chunks 28 ms p50, where the assistant's own
@@ -260,6 +261,12 @@ def vector_candidates(
     ).all()
     # relaxed_order may return rows slightly out of order; the ranking must be exact.
     return sorted(rows, key=lambda r: (-r.similarity, *stable_key(r)))
+
+
+def configure(*, ef_search: int) -> None:
+    """This process's HNSW search breadth; each pooled connection takes it on its next search."""
+    global EF_SEARCH
+    EF_SEARCH = ef_search
 
 
 def use_search_settings(s: Session) -> None:

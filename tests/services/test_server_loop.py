@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.config import Settings
+from services.retrieval import search as searching
 from services.server import loop_factory, serve, server_options
 
 METHOD = "/test.Blocking/Call"
@@ -85,17 +86,21 @@ def test_an_unknown_event_loop_is_refused() -> None:
         Settings(event_loop="trio")
 
 
-async def test_a_started_server_keeps_its_startup_objects_out_of_full_collections(
+async def test_a_started_server_freezes_its_startup_objects_and_takes_its_search_settings(
     settings: Settings,
 ) -> None:
     gc.unfreeze()
+    ef_search = searching.EF_SEARCH
     stop = asyncio.Event()
     ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    running = asyncio.create_task(serve(settings.model_copy(update={"http_port": 0}), stop, ready))
+    configured = settings.model_copy(update={"http_port": 0, "hnsw_ef_search": 250})
+    running = asyncio.create_task(serve(configured, stop, ready))
     try:
         await asyncio.wait_for(asyncio.shield(ready), 60)
         assert gc.get_freeze_count() > 10_000
+        assert searching.EF_SEARCH == 250  # FOOTNOTE_HNSW_EF_SEARCH reaches the searches
     finally:
         stop.set()
         await running
         gc.unfreeze()  # this test process's objects go back to the collector
+        searching.configure(ef_search=ef_search)

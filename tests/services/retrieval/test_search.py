@@ -292,7 +292,12 @@ def test_search_settings_outside_a_transaction_stay_with_the_connection(settings
         single.read(searching.use_search_settings)
         assert single.read(shown) == wanted
         assert single.transact(shown) == wanted
+        # FOOTNOTE_HNSW_EF_SEARCH: a connection that remembers the old value takes the new.
+        searching.configure(ef_search=250)
+        single.read(searching.use_search_settings)
+        assert single.read(shown) == ("250", searching.PLAN_CACHE_MODE)
     finally:
+        searching.configure(ef_search=int(wanted[0]))
         single.dispose()
 
 
