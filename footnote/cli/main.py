@@ -69,9 +69,26 @@ def require_embedded(command: str) -> None:
         raise typer.Exit(2)
 
 
+def load_settings() -> Settings:
+    """The FOOTNOTE_* configuration; a bad value stops the command with one line per variable.
+
+    The values themselves are not shown: URLs and keys may hold secrets.
+    """
+    from pydantic import ValidationError
+
+    try:
+        return Settings()
+    except ValidationError as err:
+        prefix = Settings.model_config.get("env_prefix", "")
+        for problem in err.errors(include_url=False, include_input=False):
+            name = prefix + "_".join(str(part) for part in problem["loc"]).upper()
+            typer.echo(f"{name}: {problem['msg']}", err=True)
+        raise typer.Exit(2) from None
+
+
 def settings_for(state_dir: Path | None) -> Settings:
     """The configuration, filled in from a running dev stack on state_dir when one is given."""
-    settings = Settings()
+    settings = load_settings()
     if state_dir is None:
         return settings
     from devstack.state import load_endpoints, settings_with_endpoints
@@ -99,7 +116,7 @@ def dev(
     require_embedded("dev")
     from devstack.dev import run_dev
 
-    settings = Settings()
+    settings = load_settings()
     settings = settings.model_copy(update={"grpc_port": grpc_port, "http_port": http_port})
     # The worker logs to a file: it gets the format chosen here, not one of its own.
     chosen = configure_logging(settings)
@@ -113,7 +130,7 @@ def serve() -> None:
     from services.db import migrate
     from services.server import main
 
-    settings = Settings()
+    settings = load_settings()
     configure_logging(settings, sys.stdout)
     if settings.database_url:
         migrate.upgrade(settings.database_url)
@@ -138,9 +155,9 @@ def worker(
     if "FOOTNOTE_EMBEDDING_THREADS" not in os.environ:
         # Before workers.app reads the settings; the pool processes inherit the environment.
         os.environ["FOOTNOTE_EMBEDDING_THREADS"] = str(pool_embedding_threads(concurrency))
+    settings = load_settings()  # a bad value stops here, before workers.app reads it
     from workers.app import app as celery_app
 
-    settings = Settings()
     # Celery's own setup (workers/app.py) takes over once the worker starts.
     configure_logging(settings, sys.stdout)
     if settings.database_url:
