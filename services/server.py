@@ -232,10 +232,10 @@ def freeze_startup_objects() -> None:
     """Keeps what the process made to start (and keeps for life) out of full collections.
 
     Modules, message descriptors, compiled statements and the services are about 160,000
-    objects that the cyclic garbage collector walked in every full collection: 50-100 ms
-    with the event loop and every thread stopped, several times a minute under load (9 in
-    800 unary Completes, up to 319 ms each on a busy machine). Frozen (`gc.freeze`), they are
-    never walked again, and a full collection walks only what requests left behind.
+    objects that the cyclic garbage collector walked in every full collection, with the event
+    loop and every thread stopped: 86-97 ms with other work on the cores; four times in 800 unary
+    Completes on a busy one, 125-273 ms each. Frozen (`gc.freeze`), they are never walked
+    again, and a full collection walks only what requests left behind (13-66 ms there).
     """
     gc.collect()
     gc.freeze()
