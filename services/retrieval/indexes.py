@@ -16,7 +16,8 @@ CONCURRENTLY by the `documents.index_assistant` task, which the ingest task send
 document of an assistant that needs one becomes READY, and the worker's reconciler for any
 assistant still waiting for one; until it is valid, the assistant is searched exactly. A
 build that died leaves an invalid index, which the next build drops first. Indexes of
-assistants that no longer exist are dropped by the next build.
+assistants that no longer exist are dropped by the next build, unless a build is running:
+dropping one waits for every other build on the table, so it is left for a later one.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import logging
 import re
 import uuid
 
+import psycopg
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import OperationalError
 
 from services.db.models import Chunk
 
@@ -39,6 +42,9 @@ MAX_SHARE = 0.5
 MAX_CHUNKS = 500_000
 # Memory for building one (the graph is built in memory while it fits).
 BUILD_MEMORY = "1GB"
+# How long dropping a deleted assistant's index waits for the table: a running build holds
+# it for minutes, and the task dropping it would hold a worker slot all that time.
+ORPHAN_LOCK_TIMEOUT = "1s"
 PREFIX = "ix_chunks_embedding_hnsw_a_"
 _NAME = re.compile(rf"^{PREFIX}([0-9a-f]{{32}})$")
 
@@ -152,10 +158,12 @@ def build(engine: Engine, assistant_id: str, exact_max_chunks: int) -> bool:
     name = index_name(assistant_id)
     lock = uuid.UUID(assistant_id).int & 0x7FFF_FFFF_FFFF_FFFF
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        drop_orphans(conn)
         if not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": lock}).scalar():
-            return False  # another worker is building it
+            # Another worker is building it: the reconciler asks again every pass until the
+            # index is valid, and each of those tasks ends here at once.
+            return False
         try:
+            drop_orphans(conn)
             if not needs_index(conn, assistant_id, exact_max_chunks):
                 return False
             if existing(conn).get(name) is False:
@@ -174,7 +182,11 @@ def build(engine: Engine, assistant_id: str, exact_max_chunks: int) -> bool:
 
 
 def drop_orphans(conn: Connection) -> list[str]:
-    """Drops the indexes of assistants that no longer exist; their names."""
+    """Drops the indexes of assistants that no longer exist; their names.
+
+    An index that cannot be dropped within ORPHAN_LOCK_TIMEOUT (a build of another index is
+    running: both need the table's SHARE UPDATE EXCLUSIVE lock) is left for a later build.
+    """
     dropped = []
     for name in existing(conn):
         match = _NAME.match(name)
@@ -183,7 +195,16 @@ def drop_orphans(conn: Connection) -> list[str]:
         alive = conn.execute(
             text("SELECT 1 FROM assistants WHERE id = :id"), {"id": uuid.UUID(match[1])}
         ).first()
-        if alive is None:
+        if alive is not None:
+            continue
+        conn.execute(text(f"SET lock_timeout = '{ORPHAN_LOCK_TIMEOUT}'"))
+        try:
             conn.execute(text(f"DROP INDEX CONCURRENTLY IF EXISTS {name}"))
             dropped.append(name)
+        except OperationalError as e:
+            if not isinstance(e.orig, psycopg.errors.LockNotAvailable):
+                raise
+            log.info("left %s for a later build: the table is busy with another build", name)
+        finally:
+            conn.execute(text("RESET lock_timeout"))
     return dropped

@@ -119,3 +119,44 @@ async def test_an_assistant_index_is_built_used_rebuilt_and_dropped(
     await stub.DeleteAssistant(apb.DeleteAssistantRequest(id=small), metadata=bearer(key))
     assert indexes.build(db.engine, other, 10**6) is False
     assert state() is None
+
+
+def test_a_running_build_holds_no_other_task_up(db, monkeypatch):
+    """While one index builds, a task for the same assistant ends at once, and the index of
+    a deleted assistant is left for a later build instead of waiting minutes for the table."""
+    orphan = indexes.index_name(str(uuid.uuid4()))
+    # A stand-in for a deleted assistant's index: the name is what marks it.
+    db.read(lambda s: s.execute(text(f"CREATE INDEX {orphan} ON chunks (id) WHERE false")))
+    monkeypatch.setattr(indexes, "ORPHAN_LOCK_TIMEOUT", "100ms")
+
+    def autocommit():
+        return db.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
+    def present():
+        with autocommit() as conn:
+            return orphan in indexes.existing(conn)
+
+    # CREATE INDEX CONCURRENTLY holds this lock on the table for the whole build.
+    builder = db.engine.connect()
+    try:
+        builder.execute(text("LOCK TABLE chunks IN SHARE UPDATE EXCLUSIVE MODE"))
+        with autocommit() as conn:
+            assert indexes.drop_orphans(conn) == []
+            assert conn.execute(text("SHOW lock_timeout")).scalar() == "0"  # reset
+        assert present()
+
+        # A task for the assistant being built: its lock is taken, so it returns before
+        # touching anything (it would otherwise wait for the table as above).
+        assistant = str(uuid.uuid4())
+        key = uuid.UUID(assistant).int & 0x7FFF_FFFF_FFFF_FFFF
+        with db.engine.connect() as holder:
+            holder.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+            assert indexes.build(db.engine, assistant, 0) is False
+            holder.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+    finally:
+        builder.rollback()
+        builder.close()
+
+    with autocommit() as conn:
+        assert indexes.drop_orphans(conn) == [orphan]
+    assert not present()
