@@ -69,7 +69,7 @@ BENCH_SCALE ?= 10000
 bench: setup
 	$(PY) bench/citations.py
 	$(PY) bench/retrieval.py
-	$(PY) bench/search.py --scale $(BENCH_SCALE) --vectors random clustered
+	$(PY) bench/search.py --scale $(BENCH_SCALE) --vectors random clustered real
 	$(PY) bench/ttft.py --scale $(BENCH_SCALE)
 	$(PY) bench/relay.py --streams 1 100
 	$(PY) bench/relay.py --streams 1000 --deltas 200 --rounds 1

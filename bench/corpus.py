@@ -15,6 +15,11 @@ its document's topic (see `clustered_vectors`). A question's vector is random, o
 clustered corpus a new chunk of a random document of the target assistant. Text is
 pseudo-words drawn from a Zipf distribution, so a question mixes very common terms (in a large
 share of the chunks) with rare ones, as natural language does.
+
+The `real` corpus is neither: its chunks are passages of the machine's manual pages
+(bench/manpages.py) with their embeddings from the local model, and its questions the first
+sentences of passages of other pages, embedded as the server embeds a question. Embedding
+120k passages takes most of an hour on two cores, once.
 """
 
 from __future__ import annotations
@@ -48,13 +53,19 @@ OTHER_TENANT = "bench-other"
 SEED = 13
 BATCH = 20_000
 SHARED_BUFFERS = "1GB"
-VECTORS = ("random", "clustered")
+VECTORS = ("random", "clustered", "real")
 # The migration that keeps vectors in the row and builds the HNSW index.
 VECTORS_IN_THE_ROW = "0007"
 # Clustered vectors: cosine of a document's topic to its theme, and of a chunk to its topic.
 THEMES = 64
 THEME_COSINE = 0.6
 TOPIC_COSINE = 0.75
+# Questions kept with the real corpus.
+REAL_QUESTIONS = 1000
+
+
+class CorpusUnavailable(Exception):
+    """This machine cannot give the corpus asked for (too few manual pages for `real`)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +150,10 @@ def open_corpus(stack: EmbeddedStack, scale: int, *, vectors: str = "random", lo
         conn.execute("CREATE TABLE IF NOT EXISTS bench_meta (key text PRIMARY KEY, value text)")
         row = conn.execute("SELECT value FROM bench_meta WHERE key = 'assistant'").fetchone()
         if row is None:
+            if conn.execute("SELECT EXISTS (SELECT 1 FROM assistants)").fetchone()[0]:
+                log("an earlier build of this corpus did not finish: starting again")
+                conn.execute("DROP TABLE IF EXISTS bench_questions")
+                conn.execute("TRUNCATE assistants, documents, chunks CASCADE")
             started = time.perf_counter()
             assistant = build(conn, scale, vectors=vectors, log=log)
             conn.execute("INSERT INTO bench_meta VALUES ('assistant', %s)", (assistant,))
@@ -279,6 +294,9 @@ def questions(count: int, c: Corpus | None = None) -> Iterator[tuple[str, np.nda
     The vectors are random unit vectors, or for a clustered corpus new chunks of random
     documents of its target assistant (servable or not).
     """
+    if c is not None and c.vectors == "real":
+        yield from real_questions(c, count)
+        return
     rng = np.random.default_rng(SEED + 1)
     vocab = words()
     topic = topics(c.scale) if c is not None and c.vectors == "clustered" else None
@@ -303,6 +321,7 @@ def build(conn: psycopg.Connection, scale: int, *, vectors: str = "random", log=
     conn.execute("DROP INDEX IF EXISTS ix_chunks_embedding_hnsw")
     rng = np.random.default_rng(SEED)
     vocab = np.array(words())
+    real = RealText(conn, sum(n for *_, n in assistants), log) if vectors == "real" else None
     for number, (assistant_id, tenant, count) in enumerate(assistants):
         topic = None
         if vectors == "clustered":
@@ -356,11 +375,15 @@ def build(conn: psycopg.Connection, scale: int, *, vectors: str = "random", log=
         done = 0
         while done < count:
             n = min(BATCH, count - done)
-            if vectors == "clustered":
-                batch = clustered_vectors(rng, topic, done, n)
+            if real is not None:
+                bodies, batch = real.next(n)
             else:
-                batch = unit_vectors(rng, n)
-            terms = vocab[zipf_ids(rng, n * WORDS_PER_CHUNK)].reshape(n, WORDS_PER_CHUNK)
+                if vectors == "clustered":
+                    batch = clustered_vectors(rng, topic, done, n)
+                else:
+                    batch = unit_vectors(rng, n)
+                terms = vocab[zipf_ids(rng, n * WORDS_PER_CHUNK)].reshape(n, WORDS_PER_CHUNK)
+                bodies = [" ".join(t) for t in terms]
             with conn.cursor().copy(
                 "COPY chunks (id, document_id, tenant_id, assistant_id, chunk_index, text,"
                 " start_offset, end_offset, start_line, end_line, heading_path, context, embedding)"
@@ -385,7 +408,7 @@ def build(conn: psycopg.Connection, scale: int, *, vectors: str = "random", log=
                 )
                 for j in range(n):
                     k = done + j
-                    body = " ".join(terms[j])
+                    body = bodies[j]
                     copy.write_row(
                         (
                             uuid.uuid4(),
@@ -408,6 +431,77 @@ def build(conn: psycopg.Connection, scale: int, *, vectors: str = "random", log=
     build_vector_index(conn, log=log)
     conn.execute("VACUUM ANALYZE")
     return target
+
+
+class RealText:
+    """Passages of manual pages and their embeddings, handed out in order; the first sentences
+    of passages of pages beyond those, with their vectors, are kept as the questions."""
+
+    def __init__(self, conn: psycopg.Connection, count: int, log=print) -> None:
+        import manpages
+
+        from services.retrieval.embeddings import LocalEmbedder
+
+        rng = np.random.default_rng(SEED)
+        by_page: dict[str, list[str]] = {}
+        for page, passage in manpages.passages():
+            by_page.setdefault(page, []).append(passage)
+        order = list(by_page)
+        rng.shuffle(order)  # pages of every section in every part of the corpus
+        texts = [p for page in order for p in by_page[page]]
+        if len(texts) < count + REAL_QUESTIONS:
+            raise CorpusUnavailable(
+                f"the real corpus needs {count + REAL_QUESTIONS:,} passages of manual pages;"
+                f" {manpages.MAN_ROOT} gives {len(texts):,}: choose a smaller --scale"
+            )
+        self.texts = texts[:count]
+        self.embedder = LocalEmbedder()
+        self.log = log
+        self.given = 0
+        self.started = time.perf_counter()
+        # Questions from the pages after the corpus's last one: none of their text is in it.
+        last = len(self.texts)
+        held = texts[last:]
+        picks = rng.choice(len(held), size=REAL_QUESTIONS, replace=False)
+        asked = [manpages.question(held[i]) for i in sorted(picks)]
+        vectors = self.embedder.embed_documents(asked)
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS bench_questions"
+            " (n int PRIMARY KEY, question text NOT NULL, embedding vector NOT NULL)"
+        )
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO bench_questions VALUES (%s, %s, %s)",
+                [
+                    (i, q, np.array(v, dtype=np.float32))
+                    for i, (q, v) in enumerate(zip(asked, vectors, strict=True))
+                ],
+            )
+
+    def next(self, n: int) -> tuple[list[str], np.ndarray]:
+        texts = self.texts[self.given : self.given + n]
+        vectors = np.empty((len(texts), DIM), dtype=np.float32)
+        for start in range(0, len(texts), 2000):
+            part = texts[start : start + 2000]
+            vectors[start : start + len(part)] = self.embedder.embed_documents(part)
+            done = self.given + start + len(part)
+            rate = done / (time.perf_counter() - self.started)
+            left = (len(self.texts) - done) / rate
+            total = len(self.texts)
+            self.log(f"  embedded {done:,}/{total:,} passages ({rate:.0f}/s, {left:.0f} s left)")
+        self.given += len(texts)
+        return texts, vectors
+
+
+def real_questions(c: Corpus, count: int) -> Iterator[tuple[str, np.ndarray]]:
+    """The real corpus's questions and their vectors, as many as asked (repeated past the
+    REAL_QUESTIONS kept)."""
+    with psycopg.connect(c.url) as conn:
+        register_vector(conn)
+        rows = conn.execute("SELECT question, embedding FROM bench_questions ORDER BY n").fetchall()
+    for i in range(count):
+        question, vector = rows[i % len(rows)]
+        yield question, np.asarray(vector.to_numpy() if hasattr(vector, "to_numpy") else vector)
 
 
 def vector_index_sql() -> str:

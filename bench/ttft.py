@@ -278,7 +278,8 @@ async def main() -> None:
         "--vectors",
         choices=corpus.VECTORS,
         default="random",
-        help="the corpus's chunk vectors (bench/corpus.py); the questions are embedded as always",
+        help="the corpus (bench/corpus.py): its chunk vectors, and for `real` its text and"
+        " questions; the server embeds each question as always",
     )
     parser.add_argument(
         "--compare",
@@ -308,7 +309,7 @@ async def main() -> None:
         endpoints = dataclasses.replace(stack.endpoints, database_url=c.url)
         # Other questions first: right after a start, or after another corpus was searched, the
         # first few dozen answers read pages from disk (a p95 of hundreds of ms, then tens).
-        asked = [q for q, _ in corpus.questions(args.requests + args.warm_up)]
+        asked = [q for q, _ in corpus.questions(args.requests + args.warm_up, c)]
         questions, warm = asked[: args.requests], asked[args.requests :]
         names = [f"at {args.server}" if args.server else "this tree"]
         names += [f"at {args.compare}"] if args.compare else []
