@@ -43,13 +43,19 @@ def start_dev(state_dir: Path, llm: str | None) -> tuple[subprocess.Popen[str], 
     )
     target = key = None
     assert proc.stdout is not None
-    for line in proc.stdout:
-        if m := READY.match(line.strip()):
-            target = m.group(1)
-        elif m := KEY.match(line.strip()):
-            key = m.group(1)
-        if target and key:
-            return proc, Connection(target, key)
+    try:
+        for line in proc.stdout:
+            if m := READY.match(line.strip()):
+                target = m.group(1)
+            elif m := KEY.match(line.strip()):
+                key = m.group(1)
+            if target and key:
+                return proc, Connection(target, key)
+    except BaseException:
+        # Interrupted while the stack starts: it stops what it has started, then goes.
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        raise
     proc.wait()
     raise SystemExit(f"footnote dev exited with code {proc.returncode} before it was ready")
 
