@@ -207,7 +207,8 @@ TIE = 1e-6
 def recall(db, tenant_id, assistant_id, questions, truth, ef_search):
     """Mean recall@10 at this ef_search (ties with the tenth neighbour count), and the vector
     query's p50 time."""
-    current.EF_SEARCH = ef_search
+    # The breadth asked for, whatever the size of the assistant.
+    current.EF_SEARCH = current.LARGE_EF_SEARCH = ef_search
     found, timings = [], []
     for (_, v), expected in zip(questions, truth, strict=True):
         began = time.perf_counter()
@@ -241,7 +242,9 @@ async def main() -> None:
         "--hybrid-ef-search",
         type=int,
         default=current.EF_SEARCH,
-        help="ef_search of the timed searches (FOOTNOTE_HNSW_EF_SEARCH; default %(default)s)",
+        help="FOOTNOTE_HNSW_EF_SEARCH for the timed searches (default %(default)s); an"
+        f" assistant of more than {current.LARGE_CHUNKS:,} chunks walks at least"
+        f" {current.LARGE_EF_SEARCH}, as the server's do",
     )
     parser.add_argument(
         "--warm-up",
@@ -291,7 +294,7 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
         print(
             f"hybrid search, {c.vectors} vectors, {c.scale:,} chunks in the assistant, "
             f"top_k {TOP_K}, {len(questions)} questions ({args.previous_queries} for the "
-            f"previous search), ef_search {current.EF_SEARCH}"
+            f"previous search), ef_search {current.ef_search(c.scale)}"
         )
         # Other questions first, so that the timed ones read from a warm cache.
         await time_current(db, c, warm)
@@ -310,7 +313,7 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
             " a tenth-size one with questions near its own documents, and with the large"
             " one's questions (off its topics, the random-vector case for clustered corpora)"
         )
-        chosen = current.EF_SEARCH
+        chosen = current.EF_SEARCH, current.LARGE_EF_SEARCH
         rq = questions[: args.recall_queries]
         own = list(own_questions(db, str(small), len(rq))) if c.vectors == "clustered" else rq
         sets = [
@@ -327,7 +330,7 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
                 r, t = recall(db, c.tenant_id, assistant, qs, truth, ef)
                 found.append(f"{r:.3f} ({label}, p50 {ms(t)})")
             print(f"  ef_search {ef:4d}: " + "   ".join(found))
-        current.EF_SEARCH = chosen
+        current.EF_SEARCH, current.LARGE_EF_SEARCH = chosen
     finally:
         db.dispose()
 

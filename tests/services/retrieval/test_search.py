@@ -284,21 +284,60 @@ def test_search_settings_outside_a_transaction_stay_with_the_connection(settings
         )
 
     wanted = (str(searching.EF_SEARCH), searching.PLAN_CACHE_MODE)
+
+    def vector_settings(s):
+        searching.use_search_settings(s, searching.EF_SEARCH)
+
     try:
         assert single.read(shown) != wanted
-        in_transaction = single.transact(lambda s: (searching.use_search_settings(s), shown(s)))
+        in_transaction = single.transact(lambda s: (vector_settings(s), shown(s)))
         assert in_transaction[1] == wanted
         assert single.read(shown) != wanted  # a transaction's settings end with it
-        single.read(searching.use_search_settings)
+        single.read(vector_settings)
         assert single.read(shown) == wanted
         assert single.transact(shown) == wanted
+        # The full-text query's settings leave the vector query's breadth as it was.
+        single.read(searching.use_search_settings)
+        assert single.read(shown) == wanted
+        in_transaction = single.transact(
+            lambda s: (vector_settings(s), searching.use_search_settings(s), shown(s))
+        )
+        assert in_transaction[2] == wanted
         # FOOTNOTE_HNSW_EF_SEARCH: a connection that remembers the old value takes the new.
         searching.configure(ef_search=250)
-        single.read(searching.use_search_settings)
+        single.read(vector_settings)
         assert single.read(shown) == ("250", searching.PLAN_CACHE_MODE)
     finally:
         searching.configure(ef_search=int(wanted[0]))
         single.dispose()
+
+
+def test_an_assistant_on_the_shared_index_past_its_limit_walks_it_wider(monkeypatch):
+    assert searching.ef_search(10_000) == searching.EF_SEARCH
+    assert searching.ef_search(searching.LARGE_CHUNKS) == searching.EF_SEARCH
+    assert searching.ef_search(searching.LARGE_CHUNKS + 1) == searching.LARGE_EF_SEARCH
+    # The operator's setting still rules when it asks for more.
+    monkeypatch.setattr(searching, "EF_SEARCH", 500)
+    assert searching.ef_search(searching.LARGE_CHUNKS + 1) == 500
+
+
+async def test_the_vector_query_walks_as_wide_as_the_assistant_needs(
+    channel, make_key, db, embedder, monkeypatch
+):
+    tenant = "wide-" + uuid.uuid4().hex[:6]
+    key = make_key(tenant)
+    assistant = await make_assistant(channel, key)
+    await ingest(pb_grpc.DocumentsServiceStub(channel), key, assistant, "leave.md", LEAVE)
+    vector = embedder.embed_query("annual leave")
+
+    def walked(s):
+        searching._sizes.clear()
+        searching.vector_candidates(s, tenant, assistant, vector, 5)
+        return s.execute(text("SHOW hnsw.ef_search")).scalar()
+
+    assert db.read(walked) == str(searching.EF_SEARCH)
+    monkeypatch.setattr(searching, "LARGE_CHUNKS", 0)  # every assistant is a large one
+    assert db.read(walked) == str(searching.LARGE_EF_SEARCH)
 
 
 def choose(db, query, common, shares, floor, chunks, budget):
