@@ -60,3 +60,29 @@ async def test_a_failed_run_fails_every_question_in_it():
     # The batcher still works after a failure.
     batcher.embedder = Recording().model
     assert len(await batcher.embed_query("c")) == 384
+
+
+async def test_a_question_asked_again_is_not_embedded_again():
+    recording = Recording()
+    recording.release.set()
+    batcher = QueryBatcher(recording, recent=2)
+
+    first = await batcher.embed_query("annual leave")
+    assert await batcher.embed_query("annual leave") == first  # the very same numbers
+    assert recording.batches == [["annual leave"]]
+    await batcher.embed_query("sick days")
+    await batcher.embed_query("annual leave")  # still among the 2 most recent
+    await batcher.embed_query("espresso")  # "sick days" goes
+    await batcher.embed_query("sick days")
+    assert recording.batches == [["annual leave"], ["sick days"], ["espresso"], ["sick days"]]
+
+    # Nothing is kept of a question whose run failed.
+    class Broken:
+        def embed_documents(self, texts):
+            raise RuntimeError("model gone")
+
+    failing = QueryBatcher(Broken())
+    with pytest.raises(RuntimeError):
+        await failing.embed_query("oat milk")
+    failing.embedder = recording
+    assert await failing.embed_query("oat milk") == recording.model.embed_query("oat milk")
