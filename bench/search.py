@@ -294,7 +294,7 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
         print(
             f"hybrid search, {c.vectors} vectors, {c.scale:,} chunks in the assistant, "
             f"top_k {TOP_K}, {len(questions)} questions ({args.previous_queries} for the "
-            f"previous search), ef_search {current.ef_search(c.scale)}"
+            f"previous search), ef_search {current.ef_search_for(c.scale)}"
         )
         # Other questions first, so that the timed ones read from a warm cache.
         await time_current(db, c, warm)

@@ -257,7 +257,7 @@ def vector_candidates(
 ) -> list[Row[Any]]:
     """The nearest chunks by cosine, most similar first."""
     size = assistant_size(s, tenant_id, assistant_id)
-    use_search_settings(s, ef_search(size.chunks))
+    use_search_settings(s, ef_search_for(size.chunks))
     rows = s.execute(
         EXACT_VECTOR_SQL if size.exact else VECTOR_SQL,
         {
@@ -277,7 +277,7 @@ def configure(*, ef_search: int) -> None:
     EF_SEARCH = ef_search
 
 
-def ef_search(chunks: int) -> int:
+def ef_search_for(chunks: int) -> int:
     """The HNSW search breadth for an assistant of this many chunks."""
     return max(EF_SEARCH, LARGE_EF_SEARCH) if chunks > LARGE_CHUNKS else EF_SEARCH
 

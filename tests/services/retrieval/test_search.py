@@ -313,12 +313,12 @@ def test_search_settings_outside_a_transaction_stay_with_the_connection(settings
 
 
 def test_an_assistant_on_the_shared_index_past_its_limit_walks_it_wider(monkeypatch):
-    assert searching.ef_search(10_000) == searching.EF_SEARCH
-    assert searching.ef_search(searching.LARGE_CHUNKS) == searching.EF_SEARCH
-    assert searching.ef_search(searching.LARGE_CHUNKS + 1) == searching.LARGE_EF_SEARCH
+    assert searching.ef_search_for(10_000) == searching.EF_SEARCH
+    assert searching.ef_search_for(searching.LARGE_CHUNKS) == searching.EF_SEARCH
+    assert searching.ef_search_for(searching.LARGE_CHUNKS + 1) == searching.LARGE_EF_SEARCH
     # The operator's setting still rules when it asks for more.
     monkeypatch.setattr(searching, "EF_SEARCH", 500)
-    assert searching.ef_search(searching.LARGE_CHUNKS + 1) == 500
+    assert searching.ef_search_for(searching.LARGE_CHUNKS + 1) == 500
 
 
 async def test_the_vector_query_walks_as_wide_as_the_assistant_needs(
