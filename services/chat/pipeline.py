@@ -277,7 +277,7 @@ class ChatEngine:
             tenant_id,
             inp.assistant_id,
             question,
-            self.questions.embed_query,
+            functools.partial(self.questions.embed_query, tenant=tenant_id),
             lambda plan, vector: self.search(tenant_id, inp.assistant_id, question, plan, vector),
         )
         try:
@@ -478,7 +478,7 @@ class ChatEngine:
         began = time.perf_counter()
         vector = early.vector if early is not None else None
         if vector is None:
-            vector = asyncio.ensure_future(self.questions.embed_query(question))
+            vector = asyncio.ensure_future(self.questions.embed_query(question, tenant=tenant_id))
         started = early.searched_with(plan) if early is not None else None
         try:
             if started is not None:

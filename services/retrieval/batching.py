@@ -12,11 +12,14 @@ from services.retrieval.embeddings import Embedder
 
 MAX_BATCH = 32
 # Recent questions whose vectors are kept: a question asked again (an answer regenerated, a
-# retry under a new request id, the same question from many users) skips the model, 5-10 ms
-# of the first delta on two busy cores. A vector depends on its text alone. Each is kept as
-# the doubles it was given (an embedding endpoint may send more precision than float32), about
-# 3.1 kB, so 2,048 of them hold about 6.5 MB.
+# retry under a new request id, the same question from a tenant's many users) skips the model,
+# 5-10 ms of the first delta on two busy cores. A vector depends on its text alone, but each
+# tenant has its own entries: a shared one would let a tenant tell, by the time an answer
+# takes, whether another had just asked the same question. Only questions of at most
+# RECENT_MAX_CHARS are kept; each entry is the doubles the model gave (an embedding endpoint
+# may send more precision than float32, 3.1 kB) and its text, so 2,048 hold at most 8.5 MB.
 RECENT_QUESTIONS = 2048
+RECENT_MAX_CHARS = 1000
 
 
 class QueryBatcher:
@@ -35,12 +38,15 @@ class QueryBatcher:
         self.recent = recent
         self._pending: list[tuple[str, asyncio.Future[list[float]]]] = []
         self._runner: asyncio.Task[None] | None = None
-        self._vectors: OrderedDict[str, array[float]] = OrderedDict()
+        self._vectors: OrderedDict[tuple[str, str], array[float]] = OrderedDict()
 
-    async def embed_query(self, text: str) -> list[float]:
-        known = self._vectors.get(text)
+    async def embed_query(self, text: str, *, tenant: str = "") -> list[float]:
+        """The question's vector; recent questions of the same tenant are not embedded again."""
+        key = (tenant, text)
+        keep = self.recent > 0 and len(text) <= RECENT_MAX_CHARS
+        known = self._vectors.get(key) if keep else None
         if known is not None:
-            self._vectors.move_to_end(text)
+            self._vectors.move_to_end(key)
             return known.tolist()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[float]] = loop.create_future()
@@ -48,8 +54,8 @@ class QueryBatcher:
         if self._runner is None or self._runner.done() or self._runner.get_loop() is not loop:
             self._runner = loop.create_task(self._drain())
         vector = await future
-        if self.recent > 0:
-            self._vectors[text] = array("d", vector)
+        if keep:
+            self._vectors[key] = array("d", vector)
             if len(self._vectors) > self.recent:
                 self._vectors.popitem(last=False)
         return vector

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from services.retrieval.batching import QueryBatcher
+from services.retrieval.batching import RECENT_MAX_CHARS, QueryBatcher
 from services.retrieval.embeddings import create_embedder
 
 
@@ -86,3 +86,21 @@ async def test_a_question_asked_again_is_not_embedded_again():
         await failing.embed_query("oat milk")
     failing.embedder = recording
     assert await failing.embed_query("oat milk") == recording.model.embed_query("oat milk")
+    assert recording.batches[-1] == ["oat milk"]  # the model ran again
+
+
+async def test_tenants_do_not_share_question_vectors_and_long_texts_are_not_kept():
+    recording = Recording()
+    recording.release.set()
+    batcher = QueryBatcher(recording)
+
+    await batcher.embed_query("annual leave", tenant="acme")
+    await batcher.embed_query("annual leave", tenant="acme")
+    # Another tenant's question is embedded afresh: no tenant can time another's questions.
+    await batcher.embed_query("annual leave", tenant="globex")
+    assert recording.batches == [["annual leave"], ["annual leave"]]
+
+    long = "leave " * (RECENT_MAX_CHARS // 6 + 1)
+    await batcher.embed_query(long, tenant="acme")
+    await batcher.embed_query(long, tenant="acme")
+    assert recording.batches[2:] == [[long], [long]]
