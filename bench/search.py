@@ -243,8 +243,8 @@ async def main() -> None:
         type=int,
         default=current.EF_SEARCH,
         help="FOOTNOTE_HNSW_EF_SEARCH for the timed searches (default %(default)s); an"
-        f" assistant of more than {current.LARGE_CHUNKS:,} chunks walks at least"
-        f" {current.LARGE_EF_SEARCH}, as the server's do",
+        f" HNSW index of more than {current.LARGE_CHUNKS:,} chunks is walked at least"
+        f" {current.LARGE_EF_SEARCH} wide, as the server does",
     )
     parser.add_argument(
         "--warm-up",
@@ -291,10 +291,12 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
                 {"t": c.tenant_id, "a": uuid.UUID(c.assistant_id)},
             ).scalar_one()
         )
+        size = db.transact(lambda s: current.assistant_size(s, c.tenant_id, c.assistant_id))
+        walked = current.ef_search_for(size.index_chunks)
         print(
             f"hybrid search, {c.vectors} vectors, {c.scale:,} chunks in the assistant, "
             f"top_k {TOP_K}, {len(questions)} questions ({args.previous_queries} for the "
-            f"previous search), ef_search {current.ef_search_for(c.scale)}"
+            f"previous search), ef_search {walked}"
         )
         # Other questions first, so that the timed ones read from a warm cache.
         await time_current(db, c, warm)

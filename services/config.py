@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     # HNSW's search breadth (pgvector's hnsw.ef_search): more finds more of the true nearest
     # chunks in a large index, for more time. At 1M chunks, in one build of the index, 100
     # found 0.917 of them in 7.6 ms and 400 found 0.982 in 26 ms (docs/performance.md). An
-    # assistant of more than 500,000 chunks walks at least search.LARGE_EF_SEARCH (300).
+    # index of more than 500,000 chunks is walked at least search.LARGE_EF_SEARCH (300) wide.
     hnsw_ef_search: int = Field(default=100, ge=10, le=1000)
 
     grpc_host: str = "127.0.0.1"

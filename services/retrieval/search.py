@@ -34,12 +34,13 @@ from services.retrieval.fusion import diversify, fuse, normalize_score
 # only a fraction at any affordable value; see docs/performance.md. The server takes
 # FOOTNOTE_HNSW_EF_SEARCH (`configure`).
 EF_SEARCH = 100
-# An assistant of more than LARGE_CHUNKS chunks (one too large for an index of its own, so on
-# the index over every chunk) walks it with at least LARGE_EF_SEARCH. At 1M clustered chunks,
-# recall@10 at 100 depended on the build of the index (0.917, 0.965 and 0.995 in three builds of
-# the same corpus: a walk can end in another cluster), at 300 it was 0.980 and 0.983 in the two
-# builds measured, for 20.3 / 26.2 ms hybrid p50 / p95 against 12.1 / 16.1 at 100.
-LARGE_CHUNKS = indexes.MAX_CHUNKS
+# A search that walks an HNSW index of more than LARGE_CHUNKS chunks (the index over every
+# chunk in a large table; an assistant's own index is built only up to indexes.MAX_CHUNKS)
+# walks it at least LARGE_EF_SEARCH wide. At 1M clustered chunks, recall@10 at 100 depended on
+# the build of the index (0.917, 0.965 and 0.995 in three builds of the same corpus: a walk can
+# end in another cluster), at 300 it was 0.980 and 0.983 in the two builds measured, for
+# 20.3 / 26.2 ms hybrid p50 / p95 against 12.1 / 16.1 at 100.
+LARGE_CHUNKS = 500_000
 LARGE_EF_SEARCH = 300
 # An assistant with at most this many chunks is searched exactly (no HNSW), which costs about
 # as many vectors' distances as it holds: at 10k chunks 28 ms p50, where the assistant's own
@@ -257,7 +258,7 @@ def vector_candidates(
 ) -> list[Row[Any]]:
     """The nearest chunks by cosine, most similar first."""
     size = assistant_size(s, tenant_id, assistant_id)
-    use_search_settings(s, ef_search_for(size.chunks))
+    use_search_settings(s, ef_search_for(size.index_chunks))
     rows = s.execute(
         EXACT_VECTOR_SQL if size.exact else VECTOR_SQL,
         {
@@ -277,9 +278,9 @@ def configure(*, ef_search: int) -> None:
     EF_SEARCH = ef_search
 
 
-def ef_search_for(chunks: int) -> int:
-    """The HNSW search breadth for an assistant of this many chunks."""
-    return max(EF_SEARCH, LARGE_EF_SEARCH) if chunks > LARGE_CHUNKS else EF_SEARCH
+def ef_search_for(index_chunks: int) -> int:
+    """The HNSW search breadth for a walk of an index over this many chunks."""
+    return max(EF_SEARCH, LARGE_EF_SEARCH) if index_chunks > LARGE_CHUNKS else EF_SEARCH
 
 
 def use_search_settings(s: Session, ef_search: int | None = None) -> None:
@@ -348,6 +349,7 @@ def term_choice(
 class AssistantSize:
     chunks: int  # in the assistant's READY documents
     exact: bool  # whether its vector search is exact rather than through HNSW
+    index_chunks: int = 0  # the chunks in the HNSW index it walks: its own, or every chunk
 
 
 _sizes: dict[tuple[str, str, str], tuple[float, AssistantSize]] = {}
@@ -374,7 +376,9 @@ def assistant_size(s: Session, tenant_id: str, assistant_id: str) -> AssistantSi
     ).one()
     chunks = int(row.chunks)
     waiting = not row.own_index and indexes.wanted(chunks, row.everyone, EXACT_MAX_CHUNKS)
-    size = AssistantSize(chunks, exact=chunks <= EXACT_MAX_CHUNKS or waiting)
+    exact = chunks <= EXACT_MAX_CHUNKS or waiting
+    walked = 0 if exact else chunks if row.own_index else int(float(row.everyone or 0))
+    size = AssistantSize(chunks, exact=exact, index_chunks=walked)
     if len(_sizes) > 10_000:
         _sizes.clear()
     _sizes[key] = (now + CHUNK_COUNT_SECONDS, size)

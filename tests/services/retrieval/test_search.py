@@ -312,7 +312,7 @@ def test_search_settings_outside_a_transaction_stay_with_the_connection(settings
         single.dispose()
 
 
-def test_an_assistant_on_the_shared_index_past_its_limit_walks_it_wider(monkeypatch):
+def test_a_walk_of_a_large_index_is_wider(monkeypatch):
     assert searching.ef_search_for(10_000) == searching.EF_SEARCH
     assert searching.ef_search_for(searching.LARGE_CHUNKS) == searching.EF_SEARCH
     assert searching.ef_search_for(searching.LARGE_CHUNKS + 1) == searching.LARGE_EF_SEARCH
@@ -321,7 +321,7 @@ def test_an_assistant_on_the_shared_index_past_its_limit_walks_it_wider(monkeypa
     assert searching.ef_search_for(searching.LARGE_CHUNKS + 1) == 500
 
 
-async def test_the_vector_query_walks_as_wide_as_the_assistant_needs(
+async def test_the_vector_query_walks_as_wide_as_its_index_needs(
     channel, make_key, db, embedder, monkeypatch
 ):
     tenant = "wide-" + uuid.uuid4().hex[:6]
@@ -336,7 +336,11 @@ async def test_the_vector_query_walks_as_wide_as_the_assistant_needs(
         return s.execute(text("SHOW hnsw.ef_search")).scalar()
 
     assert db.read(walked) == str(searching.EF_SEARCH)
-    monkeypatch.setattr(searching, "LARGE_CHUNKS", 0)  # every assistant is a large one
+    monkeypatch.setattr(searching, "LARGE_CHUNKS", 0)  # any index is a large one
+    assert db.read(walked) == str(searching.EF_SEARCH)  # searched exactly: no index walked
+    # On the index over every chunk (as a large assistant is), it walks wider.
+    monkeypatch.setattr(searching, "EXACT_MAX_CHUNKS", -1)
+    monkeypatch.setattr(indexes, "MAX_SHARE", 0.0)
     assert db.read(walked) == str(searching.LARGE_EF_SEARCH)
 
 
