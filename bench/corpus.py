@@ -150,9 +150,9 @@ def open_corpus(stack: EmbeddedStack, scale: int, *, vectors: str = "random", lo
         conn.execute("CREATE TABLE IF NOT EXISTS bench_meta (key text PRIMARY KEY, value text)")
         row = conn.execute("SELECT value FROM bench_meta WHERE key = 'assistant'").fetchone()
         if row is None:
+            conn.execute("DROP TABLE IF EXISTS bench_questions")
             if conn.execute("SELECT EXISTS (SELECT 1 FROM assistants)").fetchone()[0]:
                 log("an earlier build of this corpus did not finish: starting again")
-                conn.execute("DROP TABLE IF EXISTS bench_questions")
                 conn.execute("TRUNCATE assistants, documents, chunks CASCADE")
             started = time.perf_counter()
             assistant = build(conn, scale, vectors=vectors, log=log)
@@ -449,8 +449,9 @@ class RealText:
         order = list(by_page)
         rng.shuffle(order)  # pages of every section in every part of the corpus
         texts = [p for page in order for p in by_page[page]]
-        # The questions come from whole pages after the corpus's last one: none of their text
-        # is in it (the page the corpus ends in is split, and asks nothing).
+        # The questions come from whole pages after the corpus's last one (the page the corpus
+        # ends in is split, and asks nothing). Boilerplate shared by many pages means about
+        # half of the passages asked about also occur, word for word, in the corpus.
         held, first = [], 0
         for page in order:
             if first >= count:
@@ -498,11 +499,17 @@ class RealText:
 
 
 def real_questions(c: Corpus, count: int) -> Iterator[tuple[str, np.ndarray]]:
-    """The real corpus's questions and their vectors, as many as asked (repeated past the
-    REAL_QUESTIONS kept)."""
+    """The real corpus's distinct questions and their vectors, as many as asked (repeated
+    past the 900-odd distinct ones of the REAL_QUESTIONS kept: some first sentences are
+    boilerplate; a repeat would skip the server's question embedding)."""
     with psycopg.connect(c.url) as conn:
         register_vector(conn)
-        rows = conn.execute("SELECT question, embedding FROM bench_questions ORDER BY n").fetchall()
+        kept = conn.execute("SELECT question, embedding FROM bench_questions ORDER BY n")
+        rows, seen = [], set()
+        for question, vector in kept:
+            if question not in seen:
+                seen.add(question)
+                rows.append((question, vector))
     for i in range(count):
         question, vector = rows[i % len(rows)]
         yield question, np.asarray(vector.to_numpy() if hasattr(vector, "to_numpy") else vector)

@@ -52,9 +52,14 @@ def start_dev(state_dir: Path, llm: str | None) -> tuple[subprocess.Popen[str], 
             if target and key:
                 return proc, Connection(target, key)
     except BaseException:
-        # Interrupted while the stack starts: it stops what it has started, then goes.
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        # Interrupted while the stack starts: it stops what it has started, then goes (after
+        # Ctrl-C in a terminal it has had the signal already).
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
         raise
     proc.wait()
     raise SystemExit(f"footnote dev exited with code {proc.returncode} before it was ready")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -45,7 +46,11 @@ def test_demo_streams_a_cited_answer_and_stops_everything(tmp_path):
     except subprocess.TimeoutExpired:
         # Ctrl-C, as a terminal sends it to the demo and all it started: the stack stops.
         os.killpg(demo.pid, signal.SIGINT)
-        out, err = demo.communicate(timeout=90)
+        try:
+            out, err = demo.communicate(timeout=90)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(demo.pid, signal.SIGKILL)  # whatever did not stop
         pytest.fail(f"footnote demo took over {DEMO_SECONDS} s:\n{out}{err}")
     assert demo.returncode == 0, out + err
     assert out.count(": READY,") == 3, out

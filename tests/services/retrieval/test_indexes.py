@@ -149,7 +149,12 @@ def test_a_running_build_holds_no_other_task_up(db, monkeypatch):
         # touching anything (it would otherwise wait for the table as above).
         assistant = str(uuid.uuid4())
         key = uuid.UUID(assistant).int & 0x7FFF_FFFF_FFFF_FFFF
-        with db.engine.connect() as holder:
+
+        def touched(conn):
+            raise AssertionError("a task whose assistant is being built dropped indexes")
+
+        with db.engine.connect() as holder, monkeypatch.context() as patched:
+            patched.setattr(indexes, "drop_orphans", touched)
             holder.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
             assert indexes.build(db.engine, assistant, 0) is False
             holder.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
