@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import grpc
 
+from devstack.processes import terminate
 from footnote.client import (
     Connection,
     cited_sources_lines,
@@ -54,12 +54,7 @@ def start_dev(state_dir: Path, llm: str | None) -> tuple[subprocess.Popen[str], 
     except BaseException:
         # Interrupted while the stack starts: it stops what it has started, then goes (after
         # Ctrl-C in a terminal it has had the signal already).
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        terminate(proc)
         raise
     proc.wait()
     raise SystemExit(f"footnote dev exited with code {proc.returncode} before it was ready")
@@ -105,8 +100,7 @@ def run_demo(state_dir: Path | None, question: str, llm: str | None = None) -> N
             for line in cited_sources_lines(response):
                 print(line)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        terminate(proc)
         if owned:
             shutil.rmtree(state, ignore_errors=True)
     print("\nfootnote demo: done; every process of the stack has stopped", flush=True)

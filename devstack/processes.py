@@ -121,6 +121,18 @@ def finish_stop(child: Child, descendants: list[psutil.Process], grace: float) -
     wait_gone(alive, timeout=5)
 
 
+def terminate(proc: subprocess.Popen[str], grace: float = 60.0) -> None:
+    """Asks a `footnote` command (dev, serve) to stop, as SIGTERM does, and kills it if it has
+    not stopped within grace seconds; it stops what it started itself."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def is_alive(proc: psutil.Process) -> bool:
     """True while the process runs; a zombie has finished and only waits to be reaped."""
     try:

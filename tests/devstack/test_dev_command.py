@@ -19,7 +19,7 @@ import grpc
 import psutil
 import pytest
 
-from devstack.processes import is_alive
+from devstack.processes import is_alive, terminate
 from footnote.v1 import assistants_service_pb2 as pb
 from footnote.v1 import assistants_service_pb2_grpc as pb_grpc
 from tests.support import bearer
@@ -34,12 +34,7 @@ def dev_state() -> Iterator[Path]:
     yield path
     # A failed assertion must not leave a whole stack running: stop what is still up.
     for proc in DevProcess.started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        terminate(proc)
     DevProcess.started.clear()
     shutil.rmtree(path, ignore_errors=True)
 

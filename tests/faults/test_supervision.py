@@ -31,6 +31,7 @@ import psycopg
 import pytest
 import redis
 
+from devstack.processes import terminate
 from devstack.stack import EmbeddedStack
 from devstack.supervisor import STATUS_FILE, RestartPolicy
 from footnote.client import CLIENT_FILE
@@ -163,13 +164,7 @@ def wait_dev_ready(proc: subprocess.Popen[str], timeout: float = 180) -> str:
 
 
 def stop_dev(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    terminate(proc)
 
 
 @pytest.mark.faults
