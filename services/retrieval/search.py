@@ -349,7 +349,7 @@ def term_choice(
 class AssistantSize:
     chunks: int  # in the assistant's READY documents
     exact: bool  # whether its vector search is exact rather than through HNSW
-    index_chunks: int = 0  # the chunks in the HNSW index it walks: its own, or every chunk
+    index_chunks: int  # the chunks in the HNSW index it walks (its own, or every chunk); 0: none
 
 
 _sizes: dict[tuple[str, str, str], tuple[float, AssistantSize]] = {}
@@ -377,7 +377,12 @@ def assistant_size(s: Session, tenant_id: str, assistant_id: str) -> AssistantSi
     chunks = int(row.chunks)
     waiting = not row.own_index and indexes.wanted(chunks, row.everyone, EXACT_MAX_CHUNKS)
     exact = chunks <= EXACT_MAX_CHUNKS or waiting
-    walked = 0 if exact else chunks if row.own_index else int(float(row.everyone or 0))
+    if exact:
+        walked = 0
+    elif row.own_index:
+        walked = chunks
+    else:
+        walked = int(float(row.everyone or 0))
     size = AssistantSize(chunks, exact=exact, index_chunks=walked)
     if len(_sizes) > 10_000:
         _sizes.clear()
