@@ -7,7 +7,9 @@ say how, and its result is used only if the settings loaded for this answer say 
 Otherwise it is cancelled and the search runs again on the loaded settings. The remembered
 settings choose what to start early, never what an answer is built from; the search filters
 by tenant and assistant as always, so an early search for an assistant that is not the
-caller's finds nothing and is thrown away with the request's NOT_FOUND.
+caller's finds nothing and is thrown away with the request's NOT_FOUND. With a search under
+way, the assistant is read only once the question is embedded (`EarlyRetrieval.embedded`):
+on two cores the read beside the model run slowed the run, the first delta's critical path.
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ class EarlyRetrieval:
             discard(self.search)
             self.search = None
         return None
+
+    async def embedded(self) -> None:
+        """Once the question's vector is ready (or has failed) when a search started early; at
+        once when none did. Never raises: whoever awaits the vector meets its failure."""
+        if self.search is not None and self.vector is not None:
+            await asyncio.wait({self.vector})
 
     def cancel(self) -> None:
         for task in (self.vector, self.search):

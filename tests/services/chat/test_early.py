@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 
 import pytest
 
-from services.assistants.domain import AssistantSettings
+from services.assistants.domain import AssistantSettings, create_assistant
 from services.chat.early import EarlyStarter, SearchPlan
+from services.chat.pipeline import ChatEngine, ChatInput
+from services.conversations.presenter import CitationPresenter
+from services.conversations.store import Turn
+from services.llm.base import Finished, GenerationRequest, TextPiece
 
 QUESTION = "What does the license say about warranties?"
 
@@ -62,3 +67,81 @@ async def test_the_early_search_is_used_only_for_the_plan_it_ran_on() -> None:
     second = starter.start("t", "a", QUESTION, embed, search)
     started = second.searched_with(second.plan)
     assert started is not None and await started == [1.0, 5]
+
+
+class Held:
+    """An embedder that holds each run until released, logging when it is done."""
+
+    name = "held"
+    dim = 384
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.release = threading.Event()
+
+    def embed_documents(self, texts):
+        assert self.release.wait(10)
+        self.log.append("embedded")
+        return [[1.0] + [0.0] * 383 for _ in texts]
+
+    def embed_query(self, text):
+        return self.embed_documents([text])[0]
+
+
+class Reads:
+    """The database, logging each time an answer loads its assistant."""
+
+    def __init__(self, db, log: list[str]) -> None:
+        self.db, self.log = db, log
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+    async def run_read(self, fn):
+        if fn.__qualname__ == "ChatEngine.answer.<locals>.load":
+            self.log.append("assistant read")
+        return await self.db.run_read(fn)
+
+
+class Silent:
+    name = "silent"
+
+    async def generate(self, request: GenerationRequest):
+        yield TextPiece("Nothing to go on.")
+        yield Finished()
+
+
+async def test_with_a_search_started_early_the_assistant_is_read_once_the_question_is_embedded(
+    db, tenant
+) -> None:
+    # The read would otherwise take CPU from the model run, the first delta's critical path.
+    assistant = db.transact(lambda s: create_assistant(s, tenant, "order", {})).id
+    log: list[str] = []
+    embedder = Held(log)
+    engine = ChatEngine(Reads(db, log), embedder, Silent(), CitationPresenter(db, None))
+
+    async def answer(question: str) -> None:
+        turns = [Turn("user", question)]
+        async for _ in engine.answer(tenant, ChatInput(assistant, "", turns)):
+            pass
+
+    # The first answer knows nothing of the assistant: it is read at once, the model held.
+    first = asyncio.ensure_future(answer("What does the first policy say about leave?"))
+    for _ in range(200):
+        if log:
+            break
+        await asyncio.sleep(0.01)
+    assert log == ["assistant read"]
+    embedder.release.set()
+    await first
+    assert log == ["assistant read", "embedded"]
+
+    # The second starts its search on the settings it remembers: the read waits for the model.
+    log.clear()
+    embedder.release.clear()
+    second = asyncio.ensure_future(answer("How many days of leave does the second policy give?"))
+    await asyncio.sleep(0.2)
+    assert log == []
+    embedder.release.set()
+    await second
+    assert log == ["embedded", "assistant read"]
