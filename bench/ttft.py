@@ -196,7 +196,8 @@ async def breakdown(c: corpus.Corpus, key: str, questions: list[str]) -> None:
     db = Database(make_engine(c.url, pool_size=6))
     embedder = create_embedder()
     embedder.embed_query("warm up")
-    batcher = QueryBatcher(embedder)
+    # Nothing kept: "embedding" below times the model on a question "start" has just asked.
+    batcher = QueryBatcher(embedder, recent=0)
     names = ("auth", "assistant", "embedding", "search", "  vector", "  text", "prompt", "start")
     steps: dict[str, list[float]] = {k: [] for k in names}
 
