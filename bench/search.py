@@ -249,8 +249,9 @@ async def main() -> None:
     parser.add_argument(
         "--warm-up",
         type=int,
-        default=10,
-        help="other questions searched first, not timed (a cold 1M corpus needs a few hundred)",
+        default=300,
+        help="other questions searched first, not timed: a freshly started Postgres reads each"
+        " page a search touches from the OS, where a running server has them in its buffers",
     )
     parser.add_argument("--database-url", help="a built corpus database, instead of starting one")
     args = parser.parse_args()
