@@ -6,7 +6,8 @@ Servers on the same database, in the same run: this tree (once per event loop in
 the code at `--baseline` (default: this branch's merge base with `main`; exported with
 `git archive`: the baseline of the ratio), and a bare grpc.aio server that returns a
 CompleteResponse of the same size (the ceiling). The assistant holds the
-1,000-chunk corpus of bench/corpus.py; RAG and citations are on.
+1,000-chunk corpus of bench/corpus.py; RAG and citations are on. Every server is asked the
+same questions, and each concurrency its own: a server keeps recent questions' vectors.
 """
 
 from __future__ import annotations
@@ -113,12 +114,16 @@ def baseline_database(url: str, tree: Path) -> str:
     return f"{server}/{copy}"
 
 
+WARM_UP = 4
+
+
 async def load(target: str, requests: list[pb.CompleteRequest], concurrency: int, metadata):
+    """Requests/s over requests[WARM_UP:] at this concurrency, after the first WARM_UP alone."""
     async with grpc.aio.insecure_channel(target) as channel:
         stub = pb_grpc.ChatServiceStub(channel)
-        for r in requests[:4]:  # warm up
+        for r in requests[:WARM_UP]:
             await stub.Complete(r, metadata=metadata)
-        queue = list(requests)
+        queue = list(requests[WARM_UP:])
         errors = 0
 
         async def client() -> None:
@@ -131,7 +136,7 @@ async def load(target: str, requests: list[pb.CompleteRequest], concurrency: int
 
         began = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
-        return len(requests) / (time.perf_counter() - began), errors
+        return (len(requests) - WARM_UP) / (time.perf_counter() - began), errors
 
 
 async def main() -> None:
@@ -154,13 +159,18 @@ async def main() -> None:
         db.dispose()
         endpoints = dataclasses.replace(stack.endpoints, database_url=c.url)
         metadata = (("authorization", f"Bearer {key}"),)
-        requests = [
+        # Each concurrency gets questions of its own: the server keeps recent questions'
+        # vectors, so a question asked again (by the next concurrency's run) skips the model.
+        per_run = WARM_UP + args.requests
+        asked = [
             pb.CompleteRequest(
                 assistant_id=c.assistant_id,
                 messages=[pb.ChatMessage(role=pb.ROLE_USER, content=q)],
             )
-            for q, _ in corpus.questions(args.requests)
+            for q, _ in corpus.questions(per_run * len(args.concurrency) + 1)
         ]
+        sample_request, asked = asked[-1], asked[:-1]
+        runs = {n: asked[i * per_run : (i + 1) * per_run] for i, n in enumerate(args.concurrency)}
         results: dict[str, dict[int, tuple[float, int]]] = {}
         with contextlib.ExitStack() as running:
             tree = running.enter_context(main_tree(args.baseline))
@@ -176,7 +186,7 @@ async def main() -> None:
             }
             async with grpc.aio.insecure_channel(next(iter(servers.values()))) as channel:
                 sample = await pb_grpc.ChatServiceStub(channel).Complete(
-                    requests[0], metadata=metadata
+                    sample_request, metadata=metadata
                 )
             env = {"PYTHONPATH": str(tree)}
             servers = {
@@ -188,7 +198,7 @@ async def main() -> None:
             }
             for n in args.concurrency:
                 for name, target in servers.items():
-                    results.setdefault(name, {})[n] = await load(target, requests, n, metadata)
+                    results.setdefault(name, {})[n] = await load(target, runs[n], n, metadata)
         print(
             f"unary Complete, extractive, {args.requests} requests, 1,000-chunk assistant; "
             f"before = {args.baseline or 'the merge base with main'}"
