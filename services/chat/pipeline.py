@@ -300,7 +300,7 @@ class ChatEngine:
     ) -> AsyncIterator[AnswerEvent]:
         # With the search under way, the assistant is read once the question is embedded: the
         # read then runs beside the vector query instead of taking CPU from the model, which
-        # is the critical path on two cores (0.6-0.7 ms off the first delta's p50 at 100k
+        # is the critical path on two cores (0.6-1.2 ms off the first delta's p50 at 100k
         # chunks). With nothing started early, the search waits for the settings: read now.
         await early.embedded()
         settings, stored, earlier = await traced("chat.load", self.db.run_read(load))
