@@ -8,8 +8,9 @@ Otherwise it is cancelled and the search runs again on the loaded settings. The 
 settings choose what to start early, never what an answer is built from; the search filters
 by tenant and assistant as always, so an early search for an assistant that is not the
 caller's finds nothing and is thrown away with the request's NOT_FOUND. With a search under
-way, the assistant is read only once the question is embedded (`EarlyRetrieval.embedded`):
-on two cores the read beside the model run slowed the run, the first delta's critical path.
+way, the assistant is read only once the question is embedded (`EarlyRetrieval.embedded`,
+waiting at most READ_WAIT_SECONDS): on two cores the read beside the model run slowed the
+run, the first delta's critical path.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from services.chat.gate import needs_retrieval
 
 T = TypeVar("T")
 MAX_REMEMBERED = 10_000
+# How long the assistant's read waits for the question's vector. The local model takes a few
+# ms; a remote embedding service takes longer but leaves the CPU to the read, and one that is
+# down must not hold up what needs no vector (a replayed answer, NOT_FOUND).
+READ_WAIT_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -69,10 +74,11 @@ class EarlyRetrieval:
         return None
 
     async def embedded(self) -> None:
-        """Once the question's vector is ready (or has failed) when a search started early; at
-        once when none did. Never raises: whoever awaits the vector meets its failure."""
+        """Once the question's vector is ready (or has failed, or READ_WAIT_SECONDS have
+        passed) when a search started early; at once when none did. Never raises: whoever
+        awaits the vector meets its failure."""
         if self.search is not None and self.vector is not None:
-            await asyncio.wait({self.vector})
+            await asyncio.wait({self.vector}, timeout=READ_WAIT_SECONDS)
 
     def cancel(self) -> None:
         for task in (self.vector, self.search):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+from collections.abc import Awaitable, Callable
 
 import pytest
 
 from services.assistants.domain import AssistantSettings, create_assistant
+from services.chat import early as early_retrieval
 from services.chat.early import EarlyStarter, SearchPlan
 from services.chat.pipeline import ChatEngine, ChatInput
 from services.conversations.presenter import CitationPresenter
@@ -111,12 +113,9 @@ class Silent:
         yield Finished()
 
 
-async def test_with_a_search_started_early_the_assistant_is_read_once_the_question_is_embedded(
-    db, tenant
-) -> None:
-    # The read would otherwise take CPU from the model run, the first delta's critical path.
+def order_engine(db, tenant, log: list[str]) -> tuple[Held, Callable[[str], Awaitable[None]]]:
+    """An engine whose model is held, and a function that runs one answer through it."""
     assistant = db.transact(lambda s: create_assistant(s, tenant, "order", {})).id
-    log: list[str] = []
     embedder = Held(log)
     engine = ChatEngine(Reads(db, log), embedder, Silent(), CitationPresenter(db, None))
 
@@ -124,6 +123,17 @@ async def test_with_a_search_started_early_the_assistant_is_read_once_the_questi
         turns = [Turn("user", question)]
         async for _ in engine.answer(tenant, ChatInput(assistant, "", turns)):
             pass
+
+    return embedder, answer
+
+
+async def test_with_a_search_started_early_the_assistant_is_read_once_the_question_is_embedded(
+    db, tenant, monkeypatch
+) -> None:
+    # The read would otherwise take CPU from the model run, the first delta's critical path.
+    monkeypatch.setattr(early_retrieval, "READ_WAIT_SECONDS", 10.0)
+    log: list[str] = []
+    embedder, answer = order_engine(db, tenant, log)
 
     # The first answer knows nothing of the assistant: it is read at once, the model held.
     first = asyncio.ensure_future(answer("What does the first policy say about leave?"))
@@ -145,3 +155,25 @@ async def test_with_a_search_started_early_the_assistant_is_read_once_the_questi
     embedder.release.set()
     await second
     assert log == ["embedded", "assistant read"]
+
+
+async def test_the_assistant_read_waits_for_a_slow_model_only_so_long(
+    db, tenant, monkeypatch
+) -> None:
+    # A remote embedding service that hangs must not hold up what needs no vector.
+    monkeypatch.setattr(early_retrieval, "READ_WAIT_SECONDS", 0.1)
+    log: list[str] = []
+    embedder, answer = order_engine(db, tenant, log)
+    embedder.release.set()
+    await answer("What does the first policy say about leave?")
+    log.clear()
+    embedder.release.clear()
+    held = asyncio.ensure_future(answer("How many days of leave does the second policy give?"))
+    for _ in range(200):
+        if log:
+            break
+        await asyncio.sleep(0.01)
+    assert log == ["assistant read"]  # while the model still holds the question
+    embedder.release.set()
+    await held
+    assert log == ["assistant read", "embedded"]
