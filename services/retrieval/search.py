@@ -19,6 +19,9 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pgvector import Vector
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 from sqlalchemy import Row, text
 from sqlalchemy.orm import Session
 
@@ -249,6 +252,40 @@ def vector_literal(vector: Sequence[float]) -> str:
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
 
 
+class QueryVector:
+    """A question's vector as a query parameter, sent in pgvector's binary format.
+
+    Written as text, 384 floats took 0.15 ms in Python and more to parse in Postgres: 0.2 ms
+    of CPU a vector query, on the first delta's critical path. The values are the model's
+    float32s either way, so the distances are the same.
+    """
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: Sequence[float]) -> None:
+        self.values = values
+
+
+class _QueryVectorDumper(Dumper):
+    format = Format.BINARY
+    # The vector type's oid differs from database to database; 0 leaves the type to the
+    # statement, where every vector parameter is CAST(... AS vector).
+    oid = 0
+
+    def dump(self, obj: QueryVector) -> bytes:
+        return Vector(obj.values).to_binary()
+
+
+def vector_parameter(s: Session, vector: Sequence[float]) -> QueryVector:
+    """The vector as a parameter of the session's next statement, its connection told once how
+    to send it (psycopg's global adapters reach only connections opened after a change)."""
+    conn = s.connection()
+    if not conn.info.get("query_vector"):
+        conn.connection.driver_connection.adapters.register_dumper(QueryVector, _QueryVectorDumper)
+        conn.info["query_vector"] = True
+    return QueryVector(vector)
+
+
 def candidate_limit(top_k: int) -> int:
     return max(fusion.MIN_CANDIDATES, fusion.CANDIDATES_PER_RESULT * top_k)
 
@@ -264,7 +301,7 @@ def vector_candidates(
         {
             "tenant": tenant_id,
             "assistant": uuid.UUID(assistant_id),
-            "query": vector_literal(query_vector),
+            "query": vector_parameter(s, query_vector),
             "limit": limit,
         },
     ).all()

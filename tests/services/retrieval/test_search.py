@@ -395,3 +395,21 @@ def test_terms_are_quoted_for_tsquery(db):
     assert sorted(chosen.split(" | ")) == sorted(
         "'" + t.replace("\\", "\\\\").replace("'", "''") + "'" for t in lexemes
     )
+
+
+def test_a_vector_sent_in_binary_is_the_vector_written_as_text(db, embedder):
+    vectors = [
+        embedder.embed_query("annual leave"),
+        [-1.0, 0.0, 1e-30, 3.4e38, -2.5e-7, 0.1, 1 / 3, 2**-149] + [0.0] * 376,
+    ]
+
+    def both(s, vector):
+        sql = text("SELECT CAST(:q AS vector)::text")
+        binary = s.execute(sql, {"q": searching.vector_parameter(s, vector)}).scalar()
+        written = s.execute(sql, {"q": searching.vector_literal(vector)}).scalar()
+        return binary, written
+
+    for vector in vectors:
+        binary, written = db.read(lambda s, v=vector: both(s, v))
+        assert binary == written
+        assert binary.count(",") == len(vector) - 1
