@@ -219,9 +219,9 @@ async def breakdown(c: corpus.Corpus, key: str, questions: list[str]) -> None:
             top_k=top_k,
         )
 
-    def prompt(hits, q):
-        # As the server builds it: excerpts chosen for the question.
-        manifest = build_manifest(hits, max_sources=10, excerpt_chars=200, query=q)
+    def prompt(hits):
+        # As the server builds it before asking the model: the excerpts wait for the citations.
+        manifest = build_manifest(hits, max_sources=10, excerpts=False)
         build_context(manifest, citations=True)
 
     try:
@@ -232,7 +232,7 @@ async def breakdown(c: corpus.Corpus, key: str, questions: list[str]) -> None:
             s0 = time.perf_counter()
             embedding = asyncio.ensure_future(batcher.embed_query(q))
             _, hits = await asyncio.gather(db.run(load), hybrid(q, embedding, settings.top_k))
-            prompt(hits, q)
+            prompt(hits)
             start = time.perf_counter() - s0
             t0 = time.perf_counter()
             await db.run(lambda s: auth.lookup_key(s, key))
@@ -256,7 +256,7 @@ async def breakdown(c: corpus.Corpus, key: str, questions: list[str]) -> None:
                 )
             )
             t6 = time.perf_counter()
-            prompt(hits, q)
+            prompt(hits)
             t7 = time.perf_counter()
             spans = (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6, start)
             for name, d in zip(steps, spans, strict=True):

@@ -316,12 +316,9 @@ class ChatEngine:
         cite = settings.enable_citations
         if inp.options.include_citations is not None:
             cite = inp.options.include_citations
-        manifest = build_manifest(
-            chunks,
-            max_sources=settings.max_sources,
-            excerpt_chars=settings.excerpt_chars,
-            query=question,
-        )
+        # The excerpts (most of the manifest's time) wait for the citations: the prompt does
+        # not show them, and the first delta does not need them.
+        manifest = build_manifest(chunks, max_sources=settings.max_sources, excerpts=False)
         cite = cite and bool(manifest.sources)
         system = settings.system_prompt or DEFAULT_SYSTEM_PROMPT
         context = build_context(manifest, citations=cite)
@@ -391,7 +388,8 @@ class ChatEngine:
             for out in answer_events(buffer.finish()):
                 yield out
             extraction = buffer.result()
-            text, citations = finalize_extraction(extraction, manifest.sources)
+            sources = manifest.with_excerpts(settings.excerpt_chars, question).sources
+            text, citations = finalize_extraction(extraction, sources)
             judge = await evidence.get()
             citations = await asyncio.to_thread(judge.finish, text, extraction.markers, citations)
             for span in citations.spans:

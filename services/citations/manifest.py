@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.citations.excerpt import ELLIPSIS, make_excerpt
 from services.citations.types import CitationSource, RetrievedChunk
@@ -22,6 +22,16 @@ class Manifest:
     def __len__(self) -> int:
         return len(self.sources)
 
+    def with_excerpts(self, excerpt_chars: int, query: str = "") -> Manifest:
+        """The same sources, each excerpt the part of its chunk that best matches query."""
+        if excerpt_chars < 0:
+            raise ValueError("excerpt_chars must be >= 0")
+        sources = tuple(
+            replace(source, excerpt=make_excerpt(chunk.text, excerpt_chars, query))
+            for source, chunk in zip(self.sources, self.chunks, strict=True)
+        )
+        return Manifest(sources=sources, chunks=self.chunks)
+
 
 def build_manifest(
     chunks: Iterable[RetrievedChunk],
@@ -29,6 +39,7 @@ def build_manifest(
     max_sources: int = 10,
     excerpt_chars: int = 200,
     query: str = "",
+    excerpts: bool = True,
 ) -> Manifest:
     """Number the retrieved chunks from 1, best first.
 
@@ -36,7 +47,9 @@ def build_manifest(
     keeps its best score: a later stage beats an earlier one (rerank > fused > similarity),
     then the higher value wins. At most max_sources survive, ranked by score. Scores come
     normalised to [0, 1] by retrieval; anything outside is clamped, and NaN counts as 0.
-    Each excerpt is the part of its chunk that best matches query (the question).
+    Each excerpt is the part of its chunk that best matches query (the question). With
+    excerpts=False they are left empty for `Manifest.with_excerpts` to fill when they are
+    needed: choosing them is most of the manifest's time, and a prompt does not show them.
     """
     if max_sources < 0:
         raise ValueError("max_sources must be >= 0")
@@ -70,7 +83,7 @@ def build_manifest(
             document_name=chunk.document_name,
             content_type=chunk.content_type,
             score=score,
-            excerpt=make_excerpt(chunk.text, excerpt_chars, query),
+            excerpt=make_excerpt(chunk.text, excerpt_chars, query) if excerpts else "",
             chunk_id=chunk.chunk_id,
             chunk_index=chunk.chunk_index,
             location=chunk.location,

@@ -116,3 +116,21 @@ def test_ties_number_by_document_name_and_chunk_not_by_random_ids() -> None:
     ]
     names = [[s.document_name for s in build_manifest(hits).sources] for hits in (first, again)]
     assert names[0] == names[1] == ["a.md", "b.md", "c.md"]
+
+
+def test_excerpts_chosen_later_are_the_ones_chosen_at_once() -> None:
+    text = (
+        "The office opens at eight. Parking is behind the building. "
+        "Annual leave is twenty-five days a year and expires in March. "
+        "The kitchen is on the second floor."
+    )
+    chunks = [chunk("a", 0.9, text=text), chunk("b", 0.4, text="Short text of b.")]
+    question = "How many days of annual leave do I get?"
+    at_once = build_manifest(chunks, excerpt_chars=70, query=question)
+    later = build_manifest(chunks, excerpt_chars=70, query=question, excerpts=False)
+    assert [s.excerpt for s in later.sources] == ["", ""]
+    filled = later.with_excerpts(70, question)
+    assert filled == at_once
+    assert "Annual leave" in filled.sources[0].excerpt
+    with pytest.raises(ValueError):
+        later.with_excerpts(-1, question)
