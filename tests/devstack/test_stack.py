@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import signal
 import stat
@@ -217,3 +218,20 @@ def test_children_die_with_a_hard_killed_parent(state_dir: Path) -> None:
     # The next run on the same state dir starts normally (lock released, data intact).
     with EmbeddedStack(state_dir) as stack, pg_connect(stack.endpoints) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_processes_that_fork_children_turn_grpc_fork_handlers_off() -> None:
+    # gRPC's handler sometimes aborted a child between fork and exec while another thread was
+    # in a call (Postgres "exited with code -6 while starting"); an explicit setting is kept.
+    code = "import os, devstack.processes; print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])"
+
+    def setting(**env: str) -> str:
+        clean = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    assert setting() == "false"
+    assert setting(GRPC_ENABLE_FORK_SUPPORT="true") == "true"
