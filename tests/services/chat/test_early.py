@@ -113,9 +113,14 @@ class Silent:
         yield Finished()
 
 
-def order_engine(db, tenant, log: list[str]) -> tuple[Held, Callable[[str], Awaitable[None]]]:
-    """An engine whose model is held, and a function that runs one answer through it."""
+def order_engine(
+    db, tenant, monkeypatch, wait: float
+) -> tuple[list[str], Held, Callable[[str], Awaitable[None]]]:
+    """An engine whose model is held and whose read waits for it at most `wait` seconds: its
+    log, its model, and a function that runs one answer through it."""
+    monkeypatch.setattr(early_retrieval, "READ_WAIT_SECONDS", wait)
     assistant = db.transact(lambda s: create_assistant(s, tenant, "order", {})).id
+    log: list[str] = []
     embedder = Held(log)
     engine = ChatEngine(Reads(db, log), embedder, Silent(), CitationPresenter(db, None))
 
@@ -124,23 +129,25 @@ def order_engine(db, tenant, log: list[str]) -> tuple[Held, Callable[[str], Awai
         async for _ in engine.answer(tenant, ChatInput(assistant, "", turns)):
             pass
 
-    return embedder, answer
+    return log, embedder, answer
+
+
+async def first_entry(log: list[str]) -> None:
+    for _ in range(200):
+        if log:
+            return
+        await asyncio.sleep(0.01)
 
 
 async def test_with_a_search_started_early_the_assistant_is_read_once_the_question_is_embedded(
     db, tenant, monkeypatch
 ) -> None:
     # The read would otherwise take CPU from the model run, the first delta's critical path.
-    monkeypatch.setattr(early_retrieval, "READ_WAIT_SECONDS", 10.0)
-    log: list[str] = []
-    embedder, answer = order_engine(db, tenant, log)
+    log, embedder, answer = order_engine(db, tenant, monkeypatch, wait=10.0)
 
     # The first answer knows nothing of the assistant: it is read at once, the model held.
     first = asyncio.ensure_future(answer("What does the first policy say about leave?"))
-    for _ in range(200):
-        if log:
-            break
-        await asyncio.sleep(0.01)
+    await first_entry(log)
     assert log == ["assistant read"]
     embedder.release.set()
     await first
@@ -161,18 +168,13 @@ async def test_the_assistant_read_waits_for_a_slow_model_only_so_long(
     db, tenant, monkeypatch
 ) -> None:
     # A remote embedding service that hangs must not hold up what needs no vector.
-    monkeypatch.setattr(early_retrieval, "READ_WAIT_SECONDS", 0.1)
-    log: list[str] = []
-    embedder, answer = order_engine(db, tenant, log)
+    log, embedder, answer = order_engine(db, tenant, monkeypatch, wait=0.1)
     embedder.release.set()
     await answer("What does the first policy say about leave?")
     log.clear()
     embedder.release.clear()
     held = asyncio.ensure_future(answer("How many days of leave does the second policy give?"))
-    for _ in range(200):
-        if log:
-            break
-        await asyncio.sleep(0.01)
+    await first_entry(log)
     assert log == ["assistant read"]  # while the model still holds the question
     embedder.release.set()
     await held
