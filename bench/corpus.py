@@ -499,9 +499,12 @@ class RealText:
 
 
 def real_questions(c: Corpus, count: int) -> Iterator[tuple[str, np.ndarray]]:
-    """The real corpus's distinct questions and their vectors, as many as asked (repeated
-    past the 900-odd distinct ones of the REAL_QUESTIONS kept: some first sentences are
-    boilerplate; a repeat would skip the server's question embedding)."""
+    """The real corpus's distinct questions and their vectors, as many as asked.
+
+    There are about 900 of the REAL_QUESTIONS kept (some first sentences are boilerplate).
+    Asking for more is CorpusUnavailable: a question asked again would skip the server's
+    question embedding (its recent-question cache) and search pages just read.
+    """
     with psycopg.connect(c.url) as conn:
         register_vector(conn)
         kept = conn.execute("SELECT question, embedding FROM bench_questions ORDER BY n")
@@ -510,8 +513,11 @@ def real_questions(c: Corpus, count: int) -> Iterator[tuple[str, np.ndarray]]:
             if question not in seen:
                 seen.add(question)
                 rows.append((question, vector))
-    for i in range(count):
-        question, vector = rows[i % len(rows)]
+    if count > len(rows):
+        raise CorpusUnavailable(
+            f"the real corpus has {len(rows):,} distinct questions, not {count:,}: ask fewer"
+        )
+    for question, vector in rows[:count]:
         yield question, np.asarray(vector.to_numpy() if hasattr(vector, "to_numpy") else vector)
 
 

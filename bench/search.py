@@ -259,20 +259,20 @@ async def main() -> None:
     stack = None if args.database_url else corpus.start_postgres()
     try:
         for vectors in args.vectors:
-            if stack is None:
-                server = args.database_url
-                c = corpus.attach(
-                    corpus.database_url(server, corpus.database_name(args.scale, vectors)),
-                    args.scale,
-                    vectors,
-                )
-            else:
-                try:
+            try:
+                if stack is None:
+                    c = corpus.attach(
+                        corpus.database_url(
+                            args.database_url, corpus.database_name(args.scale, vectors)
+                        ),
+                        args.scale,
+                        vectors,
+                    )
+                else:
                     c = corpus.open_corpus(stack, args.scale, vectors=vectors)
-                except corpus.CorpusUnavailable as e:
-                    print(f"{vectors} vectors skipped: {e}")
-                    continue
-            await measure(c, args)
+                await measure(c, args)
+            except corpus.CorpusUnavailable as e:
+                print(f"{vectors} vectors skipped: {e}")
     finally:
         if stack is not None:
             stack.stop()

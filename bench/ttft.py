@@ -314,13 +314,10 @@ async def main() -> None:
         endpoints = dataclasses.replace(stack.endpoints, database_url=c.url)
         # Other questions first: right after a start, or after another corpus was searched, the
         # first few dozen answers read pages from disk (a p95 of hundreds of ms, then tens).
-        asked = [q for q, _ in corpus.questions(args.requests + args.warm_up, c)]
-        if len(set(asked)) < len(asked):
-            # A question asked again would skip the model: the server keeps recent vectors.
-            parser.error(
-                f"the corpus has fewer than {len(asked):,} distinct questions: ask fewer"
-                " (--requests plus --warm-up)"
-            )
+        try:
+            asked = [q for q, _ in corpus.questions(args.requests + args.warm_up, c)]
+        except corpus.CorpusUnavailable as e:
+            parser.error(f"{e} (--requests plus --warm-up)")
         questions, warm = asked[: args.requests], asked[args.requests :]
         names = [f"at {args.server}" if args.server else "this tree"]
         names += [f"at {args.compare}"] if args.compare else []
