@@ -163,10 +163,6 @@ def wait_dev_ready(proc: subprocess.Popen[str], timeout: float = 180) -> str:
     raise AssertionError(f"footnote dev did not become ready (exit {proc.poll()})")
 
 
-def stop_dev(proc: subprocess.Popen[str]) -> None:
-    terminate(proc)
-
-
 @pytest.mark.faults
 def test_dev_worker_killed_then_an_upload_becomes_ready(stack_dir):
     proc = dev_process(stack_dir)
@@ -197,7 +193,7 @@ def test_dev_worker_killed_then_an_upload_becomes_ready(stack_dir):
         assert uploaded.returncode == 0, uploaded.stdout + uploaded.stderr
         assert "READY" in uploaded.stdout
     finally:
-        stop_dev(proc)
+        terminate(proc)
 
 
 @pytest.mark.faults
@@ -231,7 +227,7 @@ def test_dev_stops_when_a_child_keeps_dying(stack_dir):
         err = proc.stderr.read()
         assert "redis died 5 times" in err and "last lines of" in err, err[-2000:]
     finally:
-        stop_dev(proc)
+        terminate(proc)
 
 
 def test_postgres_killed_comes_back_with_its_data(stack_dir, settings):
