@@ -107,6 +107,7 @@ class Deps:
             api_key=settings.embeddings_api_key,
             dim=settings.embeddings_dim,
             threads=settings.embedding_threads,
+            questions=settings.question_embedding,
         )
         generator = create_generator(settings, embedder=embedder)
         return cls(

@@ -25,9 +25,10 @@ RECENT_MAX_CHARS = 1000
 class QueryBatcher:
     """Embeds questions; those that arrive while a run is busy go together into the next one.
 
-    Nothing waits for company: a question that finds the model idle runs at once. Batched,
-    the local model embeds about three times as many sentences a second as one at a time, and
-    a text's vector does not depend on its batch, so batching changes no answer.
+    Nothing waits for company: a question that finds the model idle runs at once. A batch is
+    one hand-over to a thread and, for an embedding server, one request (the local model runs
+    its questions one by one: LocalEmbedder.embed_queries). A text's vector does not depend
+    on its batch, so batching changes no answer.
     """
 
     def __init__(
@@ -74,7 +75,7 @@ class QueryBatcher:
                     "retrieval.embed_questions", attributes={"footnote.batch_size": len(batch)}
                 ):
                     vectors = await asyncio.to_thread(
-                        self.embedder.embed_documents, [text for text, _ in batch]
+                        self.embedder.embed_queries, [text for text, _ in batch]
                     )
             except Exception as err:  # every waiter gets the failure, typed as it was raised
                 for _, future in batch:

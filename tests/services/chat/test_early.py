@@ -89,6 +89,9 @@ class Held:
     def embed_query(self, text):
         return self.embed_documents([text])[0]
 
+    def embed_queries(self, texts):
+        return self.embed_documents(texts)
+
 
 class Reads:
     """The database, logging each time an answer loads its assistant."""

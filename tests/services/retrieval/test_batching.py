@@ -19,11 +19,11 @@ class Recording:
         self.batches: list[list[str]] = []
         self.release = threading.Event()
 
-    def embed_documents(self, texts):
+    def embed_queries(self, texts):
         self.batches.append(list(texts))
         if len(self.batches) == 1:
             self.release.wait(5)
-        return self.model.embed_documents(texts)
+        return self.model.embed_queries(texts)
 
     def embed_query(self, text):
         return self.model.embed_query(text)
@@ -49,7 +49,7 @@ async def test_questions_arriving_during_a_run_share_the_next_one():
 
 async def test_a_failed_run_fails_every_question_in_it():
     class Broken:
-        def embed_documents(self, texts):
+        def embed_queries(self, texts):
             raise RuntimeError("model gone")
 
     batcher = QueryBatcher(Broken())
@@ -78,7 +78,7 @@ async def test_a_question_asked_again_is_not_embedded_again():
 
     # Nothing is kept of a question whose run failed.
     class Broken:
-        def embed_documents(self, texts):
+        def embed_queries(self, texts):
             raise RuntimeError("model gone")
 
     failing = QueryBatcher(Broken())

@@ -32,6 +32,7 @@ from services.retrieval.embeddings import (
     create_embedder,
     embeddings_url,
     local_model_files,
+    quantized_model,
 )
 
 
@@ -107,8 +108,71 @@ def test_a_batch_equals_one_by_one(local: LocalEmbedder) -> None:
     ]
     batched = local.embed_documents(texts)
     for text, vector in zip(texts, batched, strict=True):
-        assert local.embed_query(text) == pytest.approx(vector, abs=1e-5)
+        assert local.embed_documents([text])[0] == pytest.approx(vector, abs=1e-5)
     assert batched[1] == batched[3]
+
+
+def test_a_question_s_vector_does_not_depend_on_the_others(local: LocalEmbedder) -> None:
+    # The 8-bit copy scales each activation tensor as a whole, so a batch would share scales.
+    texts = ["hello", "How many days of annual leave do new starters get? " * 3, "ü ß 漢字"]
+    together = local.embed_queries(texts)
+    for text, vector in zip(texts, together, strict=True):
+        assert local.embed_query(text) == pytest.approx(vector, abs=1e-6)
+    assert local.embed_queries([]) == []
+
+
+def test_a_question_s_vector_is_its_passage_s_to_within_the_8_bit_arithmetic(
+    local: LocalEmbedder,
+) -> None:
+    texts = [
+        "How do I rotate the API key?",
+        "Which message queue do the background workers read from?",
+        "Quelle est la durée du préavis ?",
+        "The invoice is due thirty days after the delivery date. " * 6,
+    ]
+    for text, passage in zip(texts, local.embed_documents(texts), strict=True):
+        question = local.embed_query(text)
+        assert norm(question) == pytest.approx(1.0, abs=1e-5)
+        assert 0.98 < cosine(question, passage) < 1 - 1e-4
+
+
+def test_questions_can_keep_the_passages_arithmetic(local: LocalEmbedder) -> None:
+    exact = create_embedder(questions="float32")
+    texts = ["How do I rotate the API key?", "ü ß 漢字"]
+    together = exact.embed_queries(texts)
+    for text, passage, question in zip(texts, local.embed_documents(texts), together, strict=True):
+        assert exact.embed_query(text) == pytest.approx(passage, abs=1e-5)
+        assert question == pytest.approx(passage, abs=1e-5)
+    with pytest.raises(ValueError, match="int8, float32"):
+        create_embedder(questions="int4")
+
+
+async def test_the_server_embeds_questions_as_configured(settings: Any) -> None:
+    from services.config import Settings
+    from services.server import Deps
+
+    for arithmetic in ("int8", "float32"):
+        deps = Deps.from_settings(settings.model_copy(update={"question_embedding": arithmetic}))
+        try:
+            assert deps.chat.questions.embedder.questions == arithmetic
+        finally:
+            await deps.aclose()
+    with pytest.raises(ValueError, match="question_embedding"):
+        Settings(question_embedding="int4")
+
+
+def test_the_questions_copy_multiplies_in_8_bits() -> None:
+    import onnx
+
+    graph = onnx.load_from_string(quantized_model(local_model_files()[0])).graph
+    weights = {w.name for w in graph.initializer}
+    ops = [n.op_type for n in graph.node]
+    # Six layers of six weight matrices each; what stays in float32 multiplies activations by
+    # activations (the attention's two products per layer).
+    assert ops.count("MatMulInteger") == 36
+    float_products = [n for n in graph.node if n.op_type == "MatMul"]
+    assert len(float_products) == 12
+    assert not any(name in weights for n in float_products for name in n.input)
 
 
 def test_small_batches_give_the_same_vectors(local: LocalEmbedder) -> None:
@@ -127,10 +191,13 @@ def test_long_input_is_truncated_not_rejected(local: LocalEmbedder) -> None:
 def test_concurrent_calls_share_the_model_safely(local: LocalEmbedder) -> None:
     texts = [f"thread-safety check {i}: the same text gives the same vector" for i in range(8)]
     expected = local.embed_documents(texts)
+    questions = local.embed_queries(texts)
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(local.embed_query, texts * 3))
-    for i, vector in enumerate(results):
+        results = list(pool.map(lambda t: local.embed_documents([t])[0], texts * 3))
+        asked = list(pool.map(local.embed_query, texts * 3))
+    for i, (vector, question) in enumerate(zip(results, asked, strict=True)):
         assert vector == pytest.approx(expected[i % len(texts)], abs=1e-5)
+        assert question == pytest.approx(questions[i % len(texts)], abs=1e-5)
 
 
 def _embed_in_child(queue: multiprocessing.Queue[list[float]]) -> None:
@@ -290,6 +357,14 @@ def test_batches_requests_and_keeps_the_order(server: tuple[str, Behaviour]) -> 
         expected = fake_vector(text, 8)
         assert vector == pytest.approx([x / norm(expected) for x in expected])
         assert norm(vector) == pytest.approx(1.0)
+
+
+def test_a_server_embeds_questions_as_it_embeds_passages(server: tuple[str, Behaviour]) -> None:
+    url, behaviour = server
+    embedder = remote(url, batch_size=4)
+    questions = ["annual leave?", "sick days?", "notice period?"]
+    assert embedder.embed_queries(questions) == embedder.embed_documents(questions)
+    assert [r["json"]["input"] for r in behaviour.requests] == [questions, questions]
 
 
 def test_sends_model_and_key_and_finds_the_endpoint(server: tuple[str, Behaviour]) -> None:
