@@ -42,6 +42,11 @@ _TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f4115
 
 # How the local model may embed questions: see _load_query_model.
 QUESTION_ARITHMETIC = ("int8", "float32")
+# The 8-bit copy runs each question on one thread, whatever the passages' model uses. Most
+# questions are short: 22 tokens take 1.2 ms on one thread and 1.5 on two (waking the second
+# costs more than it saves, and its CPU is taken from the full-text query running beside
+# it); two threads win from about 60 tokens (256 tokens: 20 against 14 ms).
+_QUESTION_THREADS = 1
 
 # The local model's padded tokens per run; see LocalEmbedder._batches.
 _BATCH_TOKENS = 512
@@ -324,13 +329,15 @@ def _load_query_model(threads: int = 0) -> _LoadedModel:
     output channel, each activation tensor scaled to uint8 as it is computed, the products
     on the CPU's integer dot-product instructions. Passages keep the float32 arithmetic every
     stored vector was made with. The question's embedding is the longest step before an
-    answer's first delta, and on two cores a 20-token question takes 1.5 against 3.4 ms
-    (2.1 against 5.4 ms of CPU). What it costs, measured on 890 questions against 100,000
-    passages of manual pages (bench/corpus.py's real corpus): the vectors' cosine to the
-    float32 ones is 0.994 on average, and the exact top 10 keeps 94% of the float32 top 10
-    (ties counted as equal); the passages that change places score within 0.0005 of the
-    ones they replace. The activations' scale is one per tensor, so each question runs alone:
-    its vector does not depend on the others embedded with it.
+    answer's first delta, and a 20-token question takes 1.5 ms on one thread against 3.4 ms
+    on two in float32 (1.5 against 5.4 ms of CPU). What it costs, measured on 890 questions
+    against 100,000 passages of manual pages (bench/corpus.py's real corpus): the vectors'
+    cosine to the float32 ones is 0.994 on average, and the exact top 10 keeps 94% of the
+    float32 top 10 (ties counted as equal); the passages that change places score within
+    0.0005 of the ones they replace. The activations' scale is one per tensor, so each
+    question runs alone: its vector does not depend on the others embedded with it. threads
+    is for the passages' model, loaded first for its tokenizer; the copy runs on
+    _QUESTION_THREADS.
     """
     global _query_model
     loaded = _query_model
@@ -350,7 +357,9 @@ def _load_query_model(threads: int = 0) -> _LoadedModel:
                 "the question embedding needs onnxruntime's quantizer; install onnx"
             ) from err
         session = onnxruntime.InferenceSession(
-            quantized, sess_options=session_options(threads), providers=["CPUExecutionProvider"]
+            quantized,
+            sess_options=session_options(_QUESTION_THREADS),
+            providers=["CPUExecutionProvider"],
         )
         del quantized
         loaded = _LoadedModel(session, model.tokenizer, model.needs_token_types)

@@ -161,6 +161,15 @@ async def test_the_server_embeds_questions_as_configured(settings: Any) -> None:
         Settings(question_embedding="int4")
 
 
+def test_the_questions_copy_runs_on_one_thread(local: LocalEmbedder) -> None:
+    from services.retrieval import embeddings
+
+    local.embed_query("loads the copy")
+    assert embeddings._query_model is not None
+    options = embeddings._query_model.session.get_session_options()
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1)
+
+
 def test_the_questions_copy_multiplies_in_8_bits() -> None:
     import onnx
 
