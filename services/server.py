@@ -100,7 +100,7 @@ class Deps:
         )
         signer = LinkSigner(tasks, settings.link_timeout_seconds, public_base_url)
         presenter = CitationPresenter(db, signer)
-        # The local model loads on first use, so a server that never chats never pays.
+        # The local model loads once the server is serving (ChatEngine.prepare, from serve).
         embedder = create_embedder(
             base_url=settings.embeddings_base_url,
             model=settings.embeddings_model,
@@ -215,11 +215,15 @@ async def serve(
     checker = DependencyHealth.from_settings(settings, deps.health, SERVICE_NAMES)
     checker.start()
     log.info("serving gRPC on %s:%d, HTTP on %d", settings.grpc_host, port, http_port)
+    # While the server already answers; a question asked meanwhile waits for the model as it
+    # would have without this.
+    preparing = asyncio.create_task(deps.chat.prepare())
     if ready is not None:
         ready.set_result(port)
     try:
         await stop.wait()
     finally:
+        preparing.cancel()  # the load itself runs on in its thread; nothing waits for it
         # Health flips to NOT_SERVING first so balancers stop sending new calls.
         await checker.stop()
         await deps.health.enter_graceful_shutdown()

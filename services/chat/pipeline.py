@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -50,8 +51,10 @@ from services.llm.base import (
 from services.observability.metrics import RETRIEVAL_DURATION
 from services.observability.tracing import traced, traced_stream
 from services.retrieval.batching import QueryBatcher
-from services.retrieval.embeddings import Embedder
+from services.retrieval.embeddings import Embedder, LocalEmbedder
 from services.retrieval.search import search
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful assistant. Answer the user's question from the sources below. "
@@ -256,6 +259,17 @@ class ChatEngine:
         # Evidence scores with its own embedder whatever retrieval embeds with: its thresholds
         # are calibrated on that model's cosines (the server passes the configured one).
         self.evidence = evidence or evidence_builder()
+
+    async def prepare(self) -> None:
+        """Loads the local model questions are embedded with, which the first answer would
+        otherwise wait for (about 2 s with its 8-bit copy); a remote embedder needs nothing.
+        A failure is only logged: the first question then meets it, with its status."""
+        if not isinstance(self.embedder, LocalEmbedder):
+            return
+        try:
+            await asyncio.to_thread(self.embedder.load_questions)
+        except Exception:
+            log.warning("could not load the local embedding model ahead of time", exc_info=True)
 
     async def answer(self, tenant_id: str, inp: ChatInput) -> AsyncIterator[AnswerEvent]:
         validate(inp)

@@ -402,6 +402,14 @@ class LocalEmbedder:
         """Load the model now rather than on the first call (e.g. at worker start)."""
         _load_model(self.threads)
 
+    def load_questions(self) -> None:
+        """Load what questions are embedded with now, rather than in the first answer: the
+        model and, unless questions is "float32", its 8-bit copy (about 1.5 s more)."""
+        if self.questions == "float32":
+            _load_model(self.threads)
+        else:
+            _load_query_model(self.threads)
+
     def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
         _check_texts(texts)
         if not texts:

@@ -10,6 +10,7 @@ import grpc
 import pytest
 from pydantic import ValidationError
 
+from services.chat.pipeline import ChatEngine
 from services.config import Settings
 from services.retrieval import search as searching
 from services.server import loop_factory, serve, server_options
@@ -87,8 +88,14 @@ def test_an_unknown_event_loop_is_refused() -> None:
 
 
 async def test_a_started_server_freezes_its_startup_objects_and_takes_its_search_settings(
-    settings: Settings,
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    prepared = asyncio.Event()
+
+    async def prepare(engine: ChatEngine) -> None:
+        prepared.set()
+
+    monkeypatch.setattr(ChatEngine, "prepare", prepare)
     gc.unfreeze()
     ef_search = searching.EF_SEARCH
     stop = asyncio.Event()
@@ -99,6 +106,8 @@ async def test_a_started_server_freezes_its_startup_objects_and_takes_its_search
         await asyncio.wait_for(asyncio.shield(ready), 60)
         assert gc.get_freeze_count() > 10_000
         assert searching.EF_SEARCH == 250  # FOOTNOTE_HNSW_EF_SEARCH reaches the searches
+        # The question model loads once the server serves, not in the first answer.
+        await asyncio.wait_for(prepared.wait(), 10)
     finally:
         stop.set()
         await running
