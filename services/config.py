@@ -45,8 +45,8 @@ class Settings(BaseSettings):
     # gives each pool process max(1, cores // N) instead, so that N processes share the cores.
     embedding_threads: int = Field(default=0, ge=0)
     # The local model's arithmetic for questions: "int8" (its 8-bit copy, 2.3x as fast: the
-    # first delta 3.3 ms sooner at 100k chunks) or "float32" (the passages' own). On labelled
-    # sets the two rank the same but for a question or two (docs/embeddings.md).
+    # first delta about 3 ms sooner at 100k chunks) or "float32" (the passages' own). On
+    # labelled sets the two rank the same but for a question or two (docs/embeddings.md).
     question_embedding: Literal["int8", "float32"] = "int8"
     # What the evidence scorer embeds answer sentences and quotes with, whatever retrieval
     # uses: "static" (WordLlama's token table, about 0.1 ms a sentence) or "local" (MiniLM,
