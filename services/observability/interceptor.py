@@ -13,7 +13,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +102,14 @@ class ObservabilityInterceptor(grpc.aio.ServerInterceptor):
 
 
 @contextmanager
-def observed_call(method: Method, context: grpc.aio.ServicerContext) -> Iterator[None]:
+def observed_call(method: Method, context: grpc.aio.ServicerContext) -> Iterator[trace.Span]:
+    """The call's span, metrics and log line, around the whole call.
+
+    The span is not made current here but by the caller, around the handler's own steps
+    (`current`): a streaming handler's generator can be closed early from another context
+    (grpcio leaves it, asyncio's finalizer closes it), where detaching a context attached in
+    the call's task fails, and OpenTelemetry logs that at ERROR for every such call.
+    """
     metadata = context.invocation_metadata()
     rid = request_id(metadata)
     parent = propagate.extract(
@@ -111,7 +118,7 @@ def observed_call(method: Method, context: grpc.aio.ServicerContext) -> Iterator
     began = time.perf_counter()
     in_flight = RPC_IN_FLIGHT.labels(method.service, method.name)
     in_flight.inc()
-    with tracer().start_as_current_span(
+    span = tracer().start_span(
         method.full,
         context=parent,
         kind=SpanKind.SERVER,
@@ -121,18 +128,25 @@ def observed_call(method: Method, context: grpc.aio.ServicerContext) -> Iterator
             "rpc.method": method.name,
             "footnote.request_id": rid,
         },
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        failure: BaseException | None = None
-        try:
-            yield
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            in_flight.dec()
+    )
+    failure: BaseException | None = None
+    try:
+        yield span
+    except BaseException as exc:
+        failure = exc
+        raise
+    finally:
+        in_flight.dec()
+        with current(span):  # the log line carries the call's trace
             finish(method, context, span, rid, time.perf_counter() - began, failure)
+        span.end()
+
+
+def current(span: trace.Span) -> AbstractContextManager[trace.Span]:
+    """The span made current for a stretch of the handler's work that never yields."""
+    return trace.use_span(
+        span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+    )
 
 
 def finish(
@@ -182,19 +196,26 @@ def observed_handler(handler: grpc.RpcMethodHandler, method: Method) -> grpc.Rpc
     if handler.response_streaming:
 
         async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            with observed_call(method, context):
-                result = inner(request, context)
+            with observed_call(method, context) as span:
+                with current(span):
+                    result = inner(request, context)
                 if inspect.isasyncgen(result):
-                    async for item in result:
+                    while True:
+                        with current(span):  # never across the yield: see observed_call
+                            try:
+                                item = await anext(result)
+                            except StopAsyncIteration:
+                                break
                         yield item
                 elif inspect.isawaitable(result):
-                    await result  # a handler that writes with context.write()
+                    with current(span):
+                        await result  # a handler that writes with context.write()
 
         behavior: Callable[..., Any] = streaming
     else:
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            with observed_call(method, context):
+            with observed_call(method, context) as span, current(span):
                 return await inner(request, context)
 
         behavior = unary

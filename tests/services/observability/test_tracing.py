@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
+import logging
 import os
 import subprocess
 import sys
 
+import grpc
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -126,3 +129,43 @@ async def test_traced_work_is_the_parent_of_threads_it_starts(exporter):
     span_id = await tracing.traced("work", asyncio.to_thread(in_thread))
     [span] = exporter.get_finished_spans()
     assert span.context.span_id == span_id
+
+
+class StreamContext:
+    """What the interceptor reads of a grpc.aio.ServicerContext."""
+
+    def invocation_metadata(self):
+        return (("x-request-id", "closed-early"),)
+
+    def cancelled(self) -> bool:
+        return False
+
+    def code(self):
+        return None
+
+
+async def test_a_stream_closed_early_from_another_context_ends_its_span_quietly(exporter, caplog):
+    # grpcio can leave a streaming handler's generator unfinished (the client went away after
+    # the last message it wanted); asyncio's finalizer then closes it from another context.
+    from services.observability.interceptor import Method, observed_handler
+
+    async def answer(request, context):
+        for i in range(3):
+            yield f"event {i}"
+
+    handler = observed_handler(
+        grpc.unary_stream_rpc_method_handler(answer), Method.parse("/footnote.v1.Chat/Stream")
+    )
+    stream = handler.unary_stream(None, StreamContext())
+
+    async def read_first() -> str:
+        return await anext(stream)
+
+    assert await asyncio.create_task(read_first()) == "event 0"  # attached in that task
+    with caplog.at_level(logging.ERROR):
+        await asyncio.create_task(stream.aclose(), context=contextvars.Context())
+    assert "Failed to detach context" not in caplog.text
+    [span] = exporter.get_finished_spans()
+    assert span.name == "footnote.v1.Chat/Stream"
+    assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
+    assert span.attributes["footnote.request_id"] == "closed-early"
