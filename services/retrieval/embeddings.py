@@ -348,25 +348,34 @@ def _load_query_model(threads: int = 0) -> _LoadedModel:
         loaded = _query_model
         if loaded is not None:
             return loaded
-        import onnxruntime
-
         try:
-            quantized = quantized_model(local_model_files()[0])
-        except ImportError as err:
-            raise EmbeddingError(
-                "the question embedding needs onnxruntime's quantizer; install onnx"
-            ) from err
-        session = onnxruntime.InferenceSession(
-            quantized,
-            sess_options=session_options(_QUESTION_THREADS),
-            providers=["CPUExecutionProvider"],
-        )
-        del quantized
-        loaded = _LoadedModel(session, model.tokenizer, model.needs_token_types)
+            loaded = _build_query_model(model)
+        except Exception:
+            # The copy is a speed-up: without it (no onnx, no writable temporary directory)
+            # questions take the passages' arithmetic, once the reason is in the log.
+            log.warning(
+                "could not build the local model's 8-bit copy; questions are embedded in float32",
+                exc_info=True,
+            )
+            loaded = model
+        else:
+            log.info("built the local model's 8-bit copy for questions")
         _query_model = loaded
-        _return_freed_memory()
-        log.info("built the local model's 8-bit copy for questions")
         return loaded
+
+
+def _build_query_model(model: _LoadedModel) -> _LoadedModel:
+    import onnxruntime
+
+    quantized = quantized_model(local_model_files()[0])
+    session = onnxruntime.InferenceSession(
+        quantized,
+        sess_options=session_options(_QUESTION_THREADS),
+        providers=["CPUExecutionProvider"],
+    )
+    del quantized
+    _return_freed_memory()
+    return _LoadedModel(session, model.tokenizer, model.needs_token_types)
 
 
 def _return_freed_memory() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import multiprocessing
 import socket
@@ -168,6 +169,30 @@ def test_the_questions_copy_runs_on_one_thread(local: LocalEmbedder) -> None:
     assert embeddings._query_model is not None
     options = embeddings._query_model.session.get_session_options()
     assert (options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1)
+
+
+def test_without_the_copy_questions_take_the_passages_arithmetic(
+    local: LocalEmbedder, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from services.retrieval import embeddings
+
+    attempts: list[Path] = []
+
+    def unbuildable(source: Path) -> bytes:
+        attempts.append(source)
+        raise OSError("no writable temporary directory")
+
+    monkeypatch.setattr(embeddings, "_query_model", None)
+    monkeypatch.setattr(embeddings, "quantized_model", unbuildable)
+    text = "How do I rotate the API key?"
+    with caplog.at_level(logging.WARNING, logger="services.retrieval.embeddings"):
+        first = local.embed_query(text)
+        again = local.embed_queries([text, "second question"])
+    assert first == pytest.approx(local.embed_documents([text])[0], abs=1e-5)
+    assert again[0] == first
+    assert len(attempts) == 1  # tried once, not on every question
+    assert "questions are embedded in float32" in caplog.text
+    assert "no writable temporary directory" in caplog.text
 
 
 def test_the_questions_copy_multiplies_in_8_bits() -> None:
