@@ -22,7 +22,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.observability.metrics import RPC_DURATION, RPC_IN_FLIGHT, RPC_REQUESTS
-from services.observability.tracing import tracer
+from services.observability.tracing import steps_in, tracer
 from services.rpc import handler_parts, principal
 
 log = logging.getLogger("footnote.rpc")
@@ -106,9 +106,10 @@ def observed_call(method: Method, context: grpc.aio.ServicerContext) -> Iterator
     """The call's span, metrics and log line, around the whole call.
 
     The span is not made current here but by the caller, around the handler's own steps
-    (`current`): a streaming handler's generator can be closed early from another context
-    (grpcio leaves it, asyncio's finalizer closes it), where detaching a context attached in
-    the call's task fails, and OpenTelemetry logs that at ERROR for every such call.
+    (`current`, `steps_in`): a streaming handler's generator can be closed early from another
+    context (grpcio leaves it, asyncio's finalizer closes it), where detaching a context
+    attached in the call's task fails, and OpenTelemetry logs that at ERROR for every such
+    call.
     """
     metadata = context.invocation_metadata()
     rid = request_id(metadata)
@@ -200,12 +201,7 @@ def observed_handler(handler: grpc.RpcMethodHandler, method: Method) -> grpc.Rpc
                 with current(span):
                     result = inner(request, context)
                 if inspect.isasyncgen(result):
-                    while True:
-                        with current(span):  # never across the yield: see observed_call
-                            try:
-                                item = await anext(result)
-                            except StopAsyncIteration:
-                                break
+                    async for item in steps_in(trace.set_span_in_context(span), result):
                         yield item
                 elif inspect.isawaitable(result):
                     with current(span):

@@ -124,6 +124,24 @@ async def traced(name: str, work: Awaitable[T], attributes: Mapping[str, Any] | 
         return await work
 
 
+async def steps_in(context: otel_context.Context, source: AsyncIterator[T]) -> AsyncIterator[T]:
+    """source's items, each step of source run with context attached, never across a yield.
+
+    A generator that held a context attached across its yields could be closed early from
+    another context (a consumer that stops, asyncio's finalizer), where detaching fails and
+    OpenTelemetry logs an ERROR; this one has nothing attached while it waits.
+    """
+    while True:
+        token = otel_context.attach(context)
+        try:
+            item = await anext(source)
+        except StopAsyncIteration:
+            return
+        finally:
+            otel_context.detach(token)
+        yield item
+
+
 async def traced_stream(
     name: str,
     events: AsyncIterator[T],
@@ -140,14 +158,7 @@ async def traced_stream(
     span = tracer().start_span(name, attributes=attributes)
     current = trace.set_span_in_context(span)
     try:
-        while True:
-            token = otel_context.attach(current)
-            try:
-                event = await anext(events)
-            except StopAsyncIteration:
-                break
-            finally:
-                otel_context.detach(token)
+        async for event in steps_in(current, events):
             if first_event is not None:
                 span.add_event(first_event)
                 first_event = None
