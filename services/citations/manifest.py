@@ -83,7 +83,7 @@ def build_manifest(
             document_name=chunk.document_name,
             content_type=chunk.content_type,
             score=score,
-            excerpt=make_excerpt(chunk.text, excerpt_chars, query) if excerpts else "",
+            excerpt="",
             chunk_id=chunk.chunk_id,
             chunk_index=chunk.chunk_index,
             location=chunk.location,
@@ -92,7 +92,8 @@ def build_manifest(
         )
         for number, (score, chunk) in enumerate(kept, start=1)
     )
-    return Manifest(sources=sources, chunks=tuple(chunk for _, chunk in kept))
+    manifest = Manifest(sources=sources, chunks=tuple(chunk for _, chunk in kept))
+    return manifest.with_excerpts(excerpt_chars, query) if excerpts else manifest
 
 
 def _priority(chunk: RetrievedChunk) -> tuple[int, float]:
