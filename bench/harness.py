@@ -50,6 +50,8 @@ def process(
     args: list[str], port: int, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> Iterator[int]:
     """A child process serving on port; stopped (SIGTERM, then SIGKILL) on exit."""
+    from devstack.processes import terminate
+
     log = open(f"/tmp/fnbench-{Path(args[1]).stem}-{port}.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
         args, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, cwd=cwd
@@ -58,12 +60,7 @@ def process(
         wait_port(port)
         yield proc.pid
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc, grace=10)
         log.close()
 
 

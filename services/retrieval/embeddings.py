@@ -291,8 +291,7 @@ def quantized_model(source: Path) -> bytes:
         # The file stores int8 weights that the graph turns to float32 before each product;
         # onnxruntime's constant folding writes them out as the float32 weights they become,
         # which the quantizer can then see and quantize per output channel.
-        options = onnxruntime.SessionOptions()
-        options.log_severity_level = 3
+        options = session_options(1)
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.optimized_model_filepath = str(folded)
         onnxruntime.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
