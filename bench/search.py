@@ -17,7 +17,11 @@ The corpus (bench/corpus.py) is kept under /tmp/fnbench between runs. Printed:
   worker builds them (services/retrieval/indexes.py);
 each for random unit vectors (the worst case for HNSW) and, with `--vectors clustered`, for
 vectors clustered the way embeddings of real documents are, or with `--vectors real` for
-passages of manual pages with their real embeddings and real questions (bench/corpus.py).
+passages of manual pages with their real embeddings and real questions (bench/corpus.py);
+- with `--vectors real`, known items: sentences of the assistant's own chunks asked as
+  questions, each found word for word in one chunk only, and how often that chunk is in full
+  text's top 8, the hybrid's top 8 and first, with the current full-text rank and the previous
+  one (candidates ranked by the rare terms that chose them alone) in the same run.
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import corpus
 from harness import percentile
 
+from services.citations.spans import sentence_ranges
 from services.db.session import Database, make_engine
 from services.retrieval import search as current
+from services.retrieval.embeddings import create_embedder
 
 # The search as it was before this benchmark's changes: the baseline of every ratio.
 PREVIOUS_VECTOR_SQL = text(
@@ -135,6 +141,69 @@ def own_questions(db, assistant_id, count):
         topic /= np.linalg.norm(topic)
         vector = corpus.near(rng, topic[None, :], corpus.TOPIC_COSINE)[0]
         yield "", [float(x) for x in vector]
+
+
+# Known items (real corpus): a sentence from the middle of one of the assistant's chunks,
+# asked as a question, where that chunk is the only one holding the sentence word for word
+# (manual pages repeat many sentences). The chunk should come back.
+KNOWN_ITEMS = 300
+KNOWN_SENTENCE = (40, 200)  # characters
+# The full-text rank before candidates were ranked by every term of the question: by the
+# rarest terms, those that chose them, alone.
+CURRENT_TEXT_RANK = """ts_rank(CAST(:weights AS float4[]), c.tsv, (SELECT terms FROM chosen))
+             + ts_rank(CAST(:weights AS float4[]), c.tsv, (SELECT every FROM chosen))"""
+PREVIOUS_TEXT_RANK = "ts_rank_cd(CAST(:weights AS float4[]), c.tsv, (SELECT terms FROM chosen))"
+
+
+def known_items(db, c, count):
+    """(sentence, chunk id) for sentences found in one chunk of the assistant only."""
+    rows = db.read(
+        lambda s: s.execute(
+            text(
+                "SELECT id, text FROM chunks WHERE assistant_id = :a"
+                " ORDER BY md5(id::text) LIMIT :n"
+            ),
+            {"a": uuid.UUID(c.assistant_id), "n": count},
+        ).all()
+    )
+    shortest, longest = KNOWN_SENTENCE
+    items = []
+    for r in rows:
+        sentences = [
+            r.text[a:b] for a, b in sentence_ranges(r.text) if shortest <= b - a <= longest
+        ]
+        if not sentences:
+            continue
+        sentence = sentences[len(sentences) // 2]
+        holders = db.read(
+            lambda s, q=sentence: s.execute(
+                text(
+                    "SELECT count(*) FROM chunks WHERE assistant_id = :a AND strpos(text, :q) > 0"
+                ),
+                {"a": uuid.UUID(c.assistant_id), "q": q},
+            ).scalar_one()
+        )
+        if holders == 1:
+            items.append((sentence, r.id))
+    return items
+
+
+def known_item_hits(db, c, items, vectors):
+    """How often the sentence's chunk is in full text's top 8, the hybrid's top 8, and first."""
+    limit = current.candidate_limit(TOP_K)
+    text_hits = hybrid_hits = first = 0
+    for (sentence, chunk), vector in zip(items, vectors, strict=True):
+        text_rows = db.read(
+            lambda s, q=sentence: current.text_candidates(s, c.tenant_id, c.assistant_id, q, limit)
+        )
+        vector_rows = db.read(
+            lambda s, v=vector: current.vector_candidates(s, c.tenant_id, c.assistant_id, v, limit)
+        )
+        hits = [h.chunk_id for h in current.rank(vector_rows, text_rows, TOP_K, 0.0)]
+        text_hits += chunk in [r.id for r in text_rows[:TOP_K]]
+        hybrid_hits += str(chunk) in hits
+        first += hits[:1] == [str(chunk)]
+    return text_hits, hybrid_hits, first
 
 
 def ms(seconds):
@@ -334,8 +403,35 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
                 found.append(f"{r:.3f} ({label}, p50 {ms(t)})")
             print(f"  ef_search {ef:4d}: " + "   ".join(found))
         current.EF_SEARCH, current.LARGE_EF_SEARCH = chosen
+        if c.vectors == "real":
+            measure_known_items(db, c)
     finally:
         db.dispose()
+
+
+def measure_known_items(db, c):
+    items = known_items(db, c, KNOWN_ITEMS)
+    embedder = create_embedder()  # questions as the server embeds them
+    vectors = [embedder.embed_query(q) for q, _ in items]
+    ranked = current.TEXT_SQL
+    assert CURRENT_TEXT_RANK in ranked.text, "bench/search.py: the full-text rank changed"
+    print(
+        f"known items: {len(items)} sentences of the assistant's chunks, each found in its own"
+        f" chunk only, asked as questions; how often that chunk comes back"
+    )
+    for name, sql in (
+        ("previous", text(ranked.text.replace(CURRENT_TEXT_RANK, PREVIOUS_TEXT_RANK))),
+        ("current ", ranked),
+    ):
+        current.TEXT_SQL = sql
+        try:
+            in_text, in_hybrid, first = known_item_hits(db, c, items, vectors)
+        finally:
+            current.TEXT_SQL = ranked
+        print(
+            f"  {name} full-text rank: full text's top {TOP_K} {in_text}, the hybrid's top"
+            f" {TOP_K} {in_hybrid}, first {first}"
+        )
 
 
 if __name__ == "__main__":

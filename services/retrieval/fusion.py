@@ -26,7 +26,7 @@ RRF_LISTS = VECTOR_WEIGHT + TEXT_WEIGHT
 # Candidates taken from each list before fusion: at least this many, or this many per result.
 MIN_CANDIDATES = 20
 CANDIDATES_PER_RESULT = 8
-# ts_rank_cd weights for the labels D, C, B, A: A is the title and heading path, D the text.
+# ts_rank weights for the labels D, C, B, A: A is the title and heading path, D the text.
 TEXT_RANK_WEIGHTS = (0.1, 0.2, 0.4, 1.0)
 # At most this many of the top-k results come from one document while another document
 # matches well: has a candidate whose cosine similarity is at least WELL_MATCHED times the

@@ -160,8 +160,9 @@ CHUNK_COUNT_SQL = text(
 # kept while the chunks they are expected to match (the running sum of share * :chunks) stay
 # within :budget, and the rarest is always kept: a term in most chunks says little about any
 # one of them, and ranking every chunk it matches is what made full text slow. Chosen in the
-# query itself, which saves a round trip; the kept terms are OR-ed into a tsquery, each
-# quoted so that tsquery input takes it as it is.
+# query itself, which saves a round trip; the kept terms are OR-ed into a tsquery (`terms`),
+# each quoted so that tsquery input takes it as it is, and so is every term (`every`): the
+# kept terms choose the candidates, every term ranks them.
 CHOSEN_TERMS = r"""
     lexemes AS (
       SELECT t.term, coalesce(f.share, :floor) AS share
@@ -176,28 +177,37 @@ CHOSEN_TERMS = r"""
       SELECT CAST(string_agg(
                chr(39) || replace(replace(term, chr(92), chr(92) || chr(92)),
                                   chr(39), chr(39) || chr(39)) || chr(39),
-               ' | ' ORDER BY n) AS tsquery) AS terms
-      FROM ranked WHERE n = 1 OR expected <= :budget
+               ' | ' ORDER BY n) FILTER (WHERE n = 1 OR expected <= :budget) AS tsquery) AS terms,
+             CAST(string_agg(
+               chr(39) || replace(replace(term, chr(92), chr(92) || chr(92)),
+                                  chr(39), chr(39) || chr(39)) || chr(39),
+               ' | ' ORDER BY n) AS tsquery) AS every
+      FROM ranked
     )
 """
 CHOSEN_TERMS_SQL = text(f"WITH {CHOSEN_TERMS} SELECT CAST(terms AS text) FROM chosen")
 
-# The chosen terms, OR-ed: a chunk sharing any of them is a candidate. At most :cap of the
+# The chosen terms, OR-ed: a chunk sharing any of them is a candidate. A candidate's rank is ts_rank
+# over the chosen terms plus ts_rank over every term of the question, so the rare terms count twice
+# and the common ones once. Ranked by the chosen terms alone, as before, a chunk that also held the
+# common ones ranked no better than one that did not: at 100k chunks of manual pages, a sentence's
+# own chunk came in full text's top 8 for 23 of 68 sentences found in one chunk only, now for 63, at
+# the same cost (docs/quality.md, "Full-text ranking", with the variants tried). At most :cap of the
 # assistant's matching chunks are ranked, and only the best :depth of them are looked up in
 # `documents` for the filters: joining every match with its document built a hash of all the
-# assistant's documents per search (1.7 of 13 ms at 100k chunks, growing with the document
-# count). Should the filters leave fewer than :limit of those while more matches were ranked,
-# every ranked match is filtered instead (`fallback`, run only then), so the rows are the ones
-# ranking all servable matches gives. Equal ranks (common: ts_rank_cd does not weigh a
-# chunk's length) are ordered by the chunk's place in its document, then by the document's
-# name and digest, never by ids: keys that the same files give whatever the upload order.
-# Provenance is read for the best :limit only. The title and headings are weighted 'A', the
-# text 'D' (fusion.TEXT_RANK_WEIGHTS).
+# assistant's documents per search (1.7 of 13 ms at 100k chunks, growing with the document count).
+# Should the filters leave fewer than :limit of those while more matches were ranked, every ranked
+# match is filtered instead (`fallback`, run only then), so the rows are the ones ranking all
+# servable matches gives. Equal ranks (common: ts_rank does not weigh a chunk's length) are ordered
+# by the chunk's place in its document, then by the document's name and digest, never by ids: keys
+# that the same files give whatever the upload order. Provenance is read for the best :limit only.
+# The title and headings are weighted 'A', the text 'D' (fusion.TEXT_RANK_WEIGHTS).
 TEXT_SQL = text(
     f"""
     WITH {CHOSEN_TERMS}, matches AS MATERIALIZED (
       SELECT c.id, c.document_id, c.chunk_index, c.start_offset,
-             ts_rank_cd(CAST(:weights AS float4[]), c.tsv, (SELECT terms FROM chosen)) AS rank
+             ts_rank(CAST(:weights AS float4[]), c.tsv, (SELECT terms FROM chosen))
+             + ts_rank(CAST(:weights AS float4[]), c.tsv, (SELECT every FROM chosen)) AS rank
       FROM chunks c
       WHERE c.tenant_id = :tenant AND c.assistant_id = :assistant
         AND c.tsv @@ (SELECT terms FROM chosen)
@@ -347,7 +357,8 @@ def use_search_settings(s: Session, ef_search: int | None = None) -> None:
 def text_candidates(
     s: Session, tenant_id: str, assistant_id: str, query: str, limit: int
 ) -> list[Row[Any]]:
-    """The chunks that share the question's rarest terms, best ts_rank_cd first."""
+    """The chunks that share the question's rarest terms, best first (ranked by those terms
+    and by all the question's terms)."""
     if not query.strip():
         return []
     use_search_settings(s)

@@ -377,6 +377,25 @@ def test_a_smaller_assistant_ranks_at_most_half_its_chunks(monkeypatch):
         assert searching.term_choice(None, "t", "a", "leave")["budget"] == budget
 
 
+async def test_terms_left_out_of_the_candidates_still_rank_them(channel, make_key, db, monkeypatch):
+    # "leave" and "day" are common here, so only "sick" chooses the candidates; but the
+    # candidate that also says "leave" and "days" is the better match and must rank first.
+    # (Ranked by the chosen term alone, the two tie and the names decide: a.txt first.)
+    tenant = "rank-" + uuid.uuid4().hex[:6]
+    key = make_key(tenant)
+    assistant = await make_assistant(channel, key)
+    docs = pb_grpc.DocumentsServiceStub(channel)
+    await ingest(docs, key, assistant, "a.txt", b"Sick notes go to the office.")
+    await ingest(docs, key, assistant, "b.txt", b"Sick leave is ten days a year.")
+    await ingest(docs, key, assistant, "c.txt", b"Annual leave is 25 days.")
+    monkeypatch.setattr(searching, "term_frequencies", lambda s: ("{leav,day}", "{0.9,0.9}", 0.01))
+    monkeypatch.setattr(searching, "assistant_chunks", lambda s, t, a: 1000)
+    question = "sick leave days"
+    assert choose(db, question, ["leav", "day"], [0.9, 0.9], 0.01, 1000, 500) == "'sick'"
+    rows = db.read(lambda s: searching.text_candidates(s, tenant, assistant, question, 20))
+    assert [r.display_name for r in rows] == ["b.txt", "a.txt"]
+
+
 def test_terms_are_quoted_for_tsquery(db):
     # Lexemes with characters that tsquery input would read as syntax, or split again.
     question = "e-mail a@b.example /usr/local v1.2.3 o'neil x:y back\\slash (and) !not"
