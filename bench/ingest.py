@@ -14,6 +14,9 @@ done. Two thread settings run in the same run:
   before the setting existed): every process starts one onnxruntime thread per core.
 - "worker default": what `footnote worker --concurrency N` gives each pool process,
   max(1, CPUs // N) threads.
+- "one thread each": FOOTNOTE_EMBEDDING_THREADS=1, so that one process uses one core and the
+  ratio says how ingestion scales by processes; under the worker default one process already
+  keeps most of two cores busy, which leaves a second little to add.
 
 The ratio two/one of each setting is the figure (target: >= 1.8 on two cores); with --rounds,
 each figure is the median of the rounds. The machine may be shared: the last column is how many
@@ -157,6 +160,9 @@ def main() -> None:
     settings = {
         "onnxruntime default": {1: 0, 2: 0},
         "worker default": {n: pool_embedding_threads(n, cpus) for n in (1, 2)},
+        # Each process on a core of its own: how a pool scales by processes when one process
+        # does not already use every core (the 1.8x).
+        "one thread each": {1: 1, 2: 1},
     }
     with tempfile.TemporaryDirectory(prefix="fnbench-ingest-") as directory:
         text = source_text()
