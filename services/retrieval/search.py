@@ -171,17 +171,14 @@ CHOSEN_TERMS = r"""
         AS f(term, share)
         ON f.term = t.term
     ), ranked AS (
-      SELECT term, row_number() OVER w AS n, sum(share * :chunks) OVER w AS expected
+      SELECT chr(39) || replace(replace(term, chr(92), chr(92) || chr(92)),
+                                chr(39), chr(39) || chr(39)) || chr(39) AS quoted,
+             row_number() OVER w AS n, sum(share * :chunks) OVER w AS expected
       FROM lexemes WINDOW w AS (ORDER BY share, term COLLATE "C")
     ), chosen AS (
-      SELECT CAST(string_agg(
-               chr(39) || replace(replace(term, chr(92), chr(92) || chr(92)),
-                                  chr(39), chr(39) || chr(39)) || chr(39),
-               ' | ' ORDER BY n) FILTER (WHERE n = 1 OR expected <= :budget) AS tsquery) AS terms,
-             CAST(string_agg(
-               chr(39) || replace(replace(term, chr(92), chr(92) || chr(92)),
-                                  chr(39), chr(39) || chr(39)) || chr(39),
-               ' | ' ORDER BY n) AS tsquery) AS every
+      SELECT CAST(string_agg(quoted, ' | ' ORDER BY n)
+                    FILTER (WHERE n = 1 OR expected <= :budget) AS tsquery) AS terms,
+             CAST(string_agg(quoted, ' | ' ORDER BY n) AS tsquery) AS every
       FROM ranked
     )
 """
