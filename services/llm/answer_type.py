@@ -76,9 +76,12 @@ _REFERENCE = re.compile(
     r"\b(?:sections?|articles?|clauses?|chapters?|paragraphs?|steps?|exhibit|appendix)\s*$|§\s*$",
     re.I,
 )
+# A number of bytes: "256K", "16 GB", "two bytes". A bare multiplier before a plural noun
+# counts that noun instead: "64K UIDs", "10M rows" are not sizes.
 _SIZE = re.compile(
-    rf"(?:{_DIGITS}|{_WORDS}|\bone\b)[\s-]*(?:[KMGT]i?B?\b|bytes?\b|kilobytes?|megabytes?"
-    r"|gigabytes?|terabytes?)",
+    rf"(?:{_DIGITS}|{_WORDS}|\bone\b)[\s-]*"
+    r"(?:[KMGT]i?B\b|[KMGT]i?\b(?!\s+(?!bytes\b)[^\W\d_]{2,}s\b)"
+    r"|bytes?\b|kilobytes?|megabytes?|gigabytes?|terabytes?)",
     re.I,
 )
 _TIME_OR_LENGTH = re.compile(
