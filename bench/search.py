@@ -148,20 +148,23 @@ def own_questions(db, assistant_id, count):
 # (manual pages repeat many sentences). The chunk should come back.
 KNOWN_ITEMS = 300
 KNOWN_SENTENCE = (40, 200)  # characters
-# The full-text rank before candidates were ranked by every term of the question: by the
-# rarest terms, those that chose them, alone.
+# The full-text rank as services/retrieval/search.py writes it (checked before use), and the
+# rank before candidates were ranked by every term of the question: by the rarest terms, those
+# that chose them, alone.
 CURRENT_TEXT_RANK = """ts_rank(CAST(:weights AS float4[]), c.tsv, (SELECT terms FROM chosen))
              + ts_rank(CAST(:weights AS float4[]), c.tsv, (SELECT every FROM chosen))"""
 PREVIOUS_TEXT_RANK = "ts_rank_cd(CAST(:weights AS float4[]), c.tsv, (SELECT terms FROM chosen))"
 
 
 def known_items(db, c, count):
-    """(sentence, chunk id) for sentences found in one chunk of the assistant only."""
+    """(sentence, chunk id) for sentences found in one chunk of the assistant only, taken from
+    chunks that search can return (of READY, undeleted documents)."""
     rows = db.read(
         lambda s: s.execute(
             text(
-                "SELECT id, text FROM chunks WHERE assistant_id = :a"
-                " ORDER BY md5(id::text) LIMIT :n"
+                "SELECT c.id, c.text FROM chunks c JOIN documents d ON d.id = c.document_id"
+                " WHERE c.assistant_id = :a AND d.state = 'READY' AND d.delete_time IS NULL"
+                " ORDER BY md5(c.id::text) LIMIT :n"
             ),
             {"a": uuid.UUID(c.assistant_id), "n": count},
         ).all()

@@ -188,7 +188,7 @@ CHOSEN_TERMS_SQL = text(f"WITH {CHOSEN_TERMS} SELECT CAST(terms AS text) FROM ch
 # over the chosen terms plus ts_rank over every term of the question, so the rare terms count twice
 # and the common ones once. Ranked by the chosen terms alone, as before, a chunk that also held the
 # common ones ranked no better than one that did not: at 100k chunks of manual pages, a sentence's
-# own chunk came in full text's top 8 for 23 of 68 sentences found in one chunk only, now for 63, at
+# own chunk came in full text's top 8 for 25 of 70 sentences found in one chunk only, now for 65, at
 # the same cost (docs/quality.md, "Full-text ranking", with the variants tried). At most :cap of the
 # assistant's matching chunks are ranked, and only the best :depth of them are looked up in
 # `documents` for the filters: joining every match with its document built a hash of all the
