@@ -71,6 +71,12 @@ TEXT_CAP_ROWS = 1000
 # 0.944, mrr_loc 0.805 -> 0.815; a quarter of the chunks ranked worse at loc@1.
 TEXT_BUDGET_SHARE = 0.5
 TEXT_MIN_BUDGET_ROWS = 64
+# Candidates are ranked by at most this many of the question's terms, the rarest: ts_rank
+# looks each one up in every candidate, and at 100k chunks a question pasted with a page of
+# text (4,000 characters) took the full-text query to 25.6 ms with all of its terms, 7.1 with
+# 32 (5.7 ranked by the chosen terms alone, before). Questions of up to 32 distinct terms,
+# nearly all, rank by every term (the known items of bench/search.py: the same figures).
+TEXT_RANK_TERMS = 32
 # Term frequencies come from ANALYZE's statistics of chunks.tsv, re-read this often.
 TERM_STATS_SECONDS = 300.0
 
@@ -178,7 +184,8 @@ CHOSEN_TERMS = r"""
     ), chosen AS (
       SELECT CAST(string_agg(quoted, ' | ' ORDER BY n)
                     FILTER (WHERE n = 1 OR expected <= :budget) AS tsquery) AS terms,
-             CAST(string_agg(quoted, ' | ' ORDER BY n) AS tsquery) AS every
+             CAST(string_agg(quoted, ' | ' ORDER BY n)
+                    FILTER (WHERE n <= :rank_terms) AS tsquery) AS every
       FROM ranked
     )
 """
@@ -394,6 +401,7 @@ def term_choice(
         "floor": floor,
         "chunks": chunks,
         "budget": budget,
+        "rank_terms": TEXT_RANK_TERMS,
     }
 
 

@@ -352,6 +352,7 @@ def choose(db, query, common, shares, floor, chunks, budget):
         "floor": floor,
         "chunks": chunks,
         "budget": budget,
+        "rank_terms": searching.TEXT_RANK_TERMS,
     }
     return db.read(lambda s: s.execute(searching.CHOSEN_TERMS_SQL, params).scalar_one())
 
@@ -368,6 +369,29 @@ def test_the_rarest_terms_are_kept_within_the_budget(db):
     )
     assert choose(db, question, common, shares, 0.01, 10**7, 100) == "'sick'"
     assert choose(db, "the and of", common, shares, 0.01, 1000, 100) is None
+
+
+def test_candidates_are_ranked_by_at_most_the_rarest_rank_terms(db, monkeypatch):
+    # A question pasted with a page of text ranks by its rarest terms only: ts_rank looks
+    # every ranking term up in every candidate.
+    words = [f"k{i:02d}x" for i in range(40)]  # words with digits are not stemmed
+    common = words[:8]  # listed as common, so the other 32 are the rarest
+    params = {
+        "query": " ".join(words),
+        "common": "{" + ",".join(common) + "}",
+        "shares": "{" + ",".join("0.5" for _ in common) + "}",
+        "floor": 0.01,
+        "chunks": 1000,
+        "budget": 1000,
+        "rank_terms": 32,
+    }
+    every = text(f"WITH {searching.CHOSEN_TERMS} SELECT CAST(every AS text) FROM chosen")
+    ranking = db.read(lambda s: s.execute(every, params).scalar_one()).split(" | ")
+    assert sorted(t.strip("'") for t in ranking) == sorted(words[8:])
+    # The search passes the module's cap.
+    monkeypatch.setattr(searching, "term_frequencies", lambda s: ("{}", "{}", 0.0))
+    monkeypatch.setattr(searching, "assistant_chunks", lambda s, t, a: 1000)
+    assert searching.term_choice(None, "t", "a", "q")["rank_terms"] == searching.TEXT_RANK_TERMS
 
 
 def test_a_smaller_assistant_ranks_at_most_half_its_chunks(monkeypatch):
