@@ -13,11 +13,12 @@ live in fusion.py; the speed tunables are here.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pgvector import Vector
 from psycopg.adapt import Dumper
@@ -327,7 +328,10 @@ def vector_candidates(
         },
     ).all()
     # relaxed_order may return rows slightly out of order; the ranking must be exact.
-    return sorted(rows, key=lambda r: (-r.similarity, *stable_key(r)))
+    most_similar_first = [-r.similarity for r in rows]
+    order = sorted(range(len(rows)), key=most_similar_first.__getitem__)
+    order = ties_broken(order, most_similar_first.__getitem__, lambda n: stable_key(rows[n]))
+    return [rows[n] for n in order]
 
 
 def configure(*, ef_search: int) -> None:
@@ -482,6 +486,20 @@ def stable_key(row: Row[Any]) -> tuple[str, str, int]:
     return (row.display_name, row.sha256, row.chunk_index)
 
 
+K = TypeVar("K", bound=Hashable)
+
+
+def ties_broken(ranked: list[K], score: Callable[[K], Any], tie_key: Callable[[K], Any]) -> list[K]:
+    """ranked (sorted by score) with each run of equal scores sorted by tie_key, which is
+    computed for tied items only: ties are few, and reading every candidate's name, digest and
+    place took `rank` from 0.21 to 0.34 ms for 128 candidates."""
+    out: list[K] = []
+    for _, run in itertools.groupby(ranked, key=score):
+        tied = list(run)
+        out.extend(sorted(tied, key=tie_key) if len(tied) > 1 else tied)
+    return out
+
+
 def rank(
     vector_rows: Sequence[Row[Any]],
     text_rows: Sequence[Row[Any]],
@@ -494,13 +512,16 @@ def rank(
     Candidates are keyed by their ids' integers: hashing a uuid.UUID runs Python code, and
     a search hashes its hundred-odd candidates several hundred times (a third of fusion's time).
     """
-    similarity = {r.id.int: float(r.similarity) for r in vector_rows}
-    rows = {r.id.int: r for r in (*text_rows, *vector_rows)}
-    fused = fuse(
-        [[r.id.int for r in vector_rows], [r.id.int for r in text_rows]],
-        weights=(fusion.VECTOR_WEIGHT, fusion.TEXT_WEIGHT),
+    vector_ids = [r.id.int for r in vector_rows]
+    text_ids = [r.id.int for r in text_rows]
+    similarity = {i: float(r.similarity) for i, r in zip(vector_ids, vector_rows, strict=True)}
+    rows = dict(zip(text_ids, text_rows, strict=True))
+    rows.update(zip(vector_ids, vector_rows, strict=True))
+    fused = fuse([vector_ids, text_ids], weights=(fusion.VECTOR_WEIGHT, fusion.TEXT_WEIGHT))
+    score = {i: (-f, -similarity.get(i, -1.0)) for i, f in fused.items()}
+    ranked = ties_broken(
+        sorted(fused, key=score.__getitem__), score.__getitem__, lambda i: stable_key(rows[i])
     )
-    ranked = sorted(fused, key=lambda i: (-fused[i], -similarity.get(i, -1.0), stable_key(rows[i])))
     passing = ranked
     if score_threshold > 0:
         passing = [

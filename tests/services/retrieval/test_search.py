@@ -66,6 +66,20 @@ def search(db, embedder, tenant, assistant_id, query, top_k=5, threshold=0.0):
     )
 
 
+def test_ties_are_broken_by_the_tie_key_read_for_tied_items_only():
+    score = {"a": 1, "b": 2, "c": 2, "d": 3, "e": 3, "f": 3}.__getitem__
+    names = {"a": "z", "b": "y", "c": "x", "d": "m", "e": "o", "f": "n"}
+    read = []
+
+    def tie_key(item):
+        read.append(item)
+        return names[item]
+
+    ranked = sorted("abcdef", key=score)
+    assert searching.ties_broken(ranked, score, tie_key) == ["a", "c", "b", "d", "f", "e"]
+    assert sorted(read) == ["b", "c", "d", "e", "f"]  # "a" has no tie
+
+
 def test_fuse_rewards_agreement():
     a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     scores = fuse([[a, b], [b, c]], k=60)
