@@ -367,6 +367,7 @@ def choose(db, query, common, shares, floor, chunks, budget):
         "chunks": chunks,
         "budget": budget,
         "rank_terms": searching.TEXT_RANK_TERMS,
+        "rank_share": searching.TEXT_RANK_MAX_SHARE,
     }
     return db.read(lambda s: s.execute(searching.CHOSEN_TERMS_SQL, params).scalar_one())
 
@@ -398,6 +399,7 @@ def test_candidates_are_ranked_by_at_most_the_rarest_rank_terms(db, monkeypatch)
         "chunks": 1000,
         "budget": 1000,
         "rank_terms": 32,
+        "rank_share": 1.0,
     }
     every = text(f"WITH {searching.CHOSEN_TERMS} SELECT CAST(every AS text) FROM chosen")
     ranking = db.read(lambda s: s.execute(every, params).scalar_one()).split(" | ")
@@ -405,7 +407,30 @@ def test_candidates_are_ranked_by_at_most_the_rarest_rank_terms(db, monkeypatch)
     # The search passes the module's cap.
     monkeypatch.setattr(searching, "term_frequencies", lambda s: ("{}", "{}", 0.0))
     monkeypatch.setattr(searching, "assistant_chunks", lambda s, t, a: 1000)
-    assert searching.term_choice(None, "t", "a", "q")["rank_terms"] == searching.TEXT_RANK_TERMS
+    chosen = searching.term_choice(None, "t", "a", "q")
+    assert chosen["rank_terms"] == searching.TEXT_RANK_TERMS
+    assert chosen["rank_share"] == searching.TEXT_RANK_MAX_SHARE
+
+
+def test_terms_in_many_chunks_do_not_rank(db):
+    # "leav" is in half the chunks, "annual" in 5%, "sick" unknown (rarer than all listed).
+    every = text(f"WITH {searching.CHOSEN_TERMS} SELECT CAST(every AS text) FROM chosen")
+    params = {
+        "common": "{leav,annual}",
+        "shares": "{0.5,0.05}",
+        "floor": 0.001,
+        "chunks": 1000,
+        "budget": 10,
+        "rank_terms": 32,
+        "rank_share": 0.1,
+    }
+
+    def ranking(query):
+        return db.read(lambda s: s.execute(every, {**params, "query": query}).scalar_one())
+
+    assert ranking("sick annual leave") == "'sick' | 'annual'"
+    # The rarest term of the question ranks however common it is.
+    assert ranking("leave") == "'leav'"
 
 
 def test_a_smaller_assistant_ranks_at_most_half_its_chunks(monkeypatch):
@@ -416,8 +441,9 @@ def test_a_smaller_assistant_ranks_at_most_half_its_chunks(monkeypatch):
 
 
 async def test_terms_left_out_of_the_candidates_still_rank_them(channel, make_key, db, monkeypatch):
-    # "leave" and "day" are common here, so only "sick" chooses the candidates; but the
-    # candidate that also says "leave" and "days" is the better match and must rank first.
+    # In 10,000 chunks "leave" and "day" are expected in 950 each, over the row budget, so only
+    # "sick" chooses the candidates; but they are in under a tenth of the chunks, so they rank,
+    # and the candidate that also says "leave" and "days" is the better match.
     # (Ranked by the chosen term alone, the two tie and the names decide: a.txt first.)
     tenant = "rank-" + uuid.uuid4().hex[:6]
     key = make_key(tenant)
@@ -426,10 +452,11 @@ async def test_terms_left_out_of_the_candidates_still_rank_them(channel, make_ke
     await ingest(docs, key, assistant, "a.txt", b"Sick notes go to the office.")
     await ingest(docs, key, assistant, "b.txt", b"Sick leave is ten days a year.")
     await ingest(docs, key, assistant, "c.txt", b"Annual leave is 25 days.")
-    monkeypatch.setattr(searching, "term_frequencies", lambda s: ("{leav,day}", "{0.9,0.9}", 0.01))
-    monkeypatch.setattr(searching, "assistant_chunks", lambda s, t, a: 1000)
+    stats = ("{leav,day}", "{0.095,0.095}", 0.01)
+    monkeypatch.setattr(searching, "term_frequencies", lambda s: stats)
+    monkeypatch.setattr(searching, "assistant_chunks", lambda s, t, a: 10_000)
     question = "sick leave days"
-    assert choose(db, question, ["leav", "day"], [0.9, 0.9], 0.01, 1000, 500) == "'sick'"
+    assert choose(db, question, ["leav", "day"], [0.095, 0.095], 0.01, 10_000, 1000) == "'sick'"
     rows = db.read(lambda s: searching.text_candidates(s, tenant, assistant, question, 20))
     assert [r.display_name for r in rows] == ["b.txt", "a.txt"]
 
