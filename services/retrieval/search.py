@@ -199,25 +199,26 @@ CHOSEN_TERMS = r"""
 """
 CHOSEN_TERMS_SQL = text(f"WITH {CHOSEN_TERMS} SELECT CAST(terms AS text) FROM chosen")
 
-# The chosen terms, OR-ed: a chunk sharing any of them is a candidate. A candidate's rank is ts_rank
-# over the chosen terms plus ts_rank over every term of the question, so the rare terms count twice
-# and the common ones once. Ranked by the chosen terms alone, as before, a chunk that also held the
-# common ones ranked no better than one that did not: at 100k chunks of manual pages, a sentence's
-# own chunk came in full text's top 8 for 25 of 70 sentences found in one chunk only, now for 66, at
-# the same cost (docs/quality.md, "Full-text ranking", with the variants tried). At most :cap of the
-# assistant's matching chunks are ranked, and only the best :depth of them are looked up in
-# `documents` for the filters: joining every match with its document built a hash of all the
-# assistant's documents per search (1.7 of 13 ms at 100k chunks, growing with the document count).
-# Should the filters leave fewer than :limit of those while more matches were ranked, every ranked
-# match is filtered instead (`fallback`, run only then), so the rows are the ones ranking all
-# servable matches gives. Equal ranks (common: ts_rank does not weigh a chunk's length) are ordered
-# by the chunk's place in its document, then by the document's name and digest, never by ids: keys
-# that the same files give whatever the upload order. Provenance is read for the best :limit only.
-# The leading matches' documents are looked up one by one (LATERAL, kept apart by OFFSET 0): joined,
-# the planner read every document of the table into a hash for about 80 rows (0.2-0.3 ms at
-# 1,176 documents, growing with their count); now about 40 primary-key lookups, as the
-# ordered matches let it stop after the :limit it keeps.
-# The title and headings are weighted 'A', the text 'D' (fusion.TEXT_RANK_WEIGHTS).
+# The chosen terms, OR-ed: a chunk sharing any of them is a candidate. A candidate's rank is
+# ts_rank over the chosen terms plus ts_rank over the question's terms (`every`: the 32 rarest,
+# none in over a tenth of the chunks), so the chosen terms count twice and the others once. Ranked
+# by the chosen terms alone, as before, a chunk that also held the common ones ranked no better
+# than one that did not: at 100k chunks of manual pages, a sentence's own chunk came in full
+# text's top 8 for 25 of 70 sentences found in one chunk only, now for 66, at the same cost
+# (docs/quality.md, "Full-text ranking", with the variants tried). At most :cap of the assistant's
+# matching chunks are ranked, and only the best :depth of them are looked up in `documents` for
+# the filters: joining every match with its document built a hash of all the assistant's documents
+# per search (1.7 of 13 ms at 100k chunks, growing with the document count). Should the filters
+# leave fewer than :limit of those while more matches were ranked, every ranked match is filtered
+# instead (`fallback`, run only then), so the rows are the ones ranking all servable matches
+# gives. Equal ranks (common: ts_rank does not weigh a chunk's length) are ordered by the chunk's
+# place in its document, then by the document's name and digest, never by ids: keys that the same
+# files give whatever the upload order. Provenance is read for the best :limit only. The leading
+# matches' documents are looked up one by one (LATERAL, kept apart by OFFSET 0): joined, the
+# planner read every document of the table into a hash for about 80 rows (0.2-0.3 ms at 1,176
+# documents, growing with their count); now about 40 primary-key lookups, as the ordered matches
+# let it stop after the :limit it keeps. The title and headings are weighted 'A', the text 'D'
+# (fusion.TEXT_RANK_WEIGHTS).
 TEXT_SQL = text(
     f"""
     WITH {CHOSEN_TERMS}, matches AS MATERIALIZED (
