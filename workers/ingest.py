@@ -21,7 +21,7 @@ from services.documents.ingest import FailureKind
 from services.documents.purge import purge_document
 from services.documents.reconcile import Grace, reconcile
 from services.observability.worker_metrics import INGEST_DOCUMENTS
-from services.retrieval import indexes
+from services.retrieval import indexes, term_stats
 from services.retrieval.search import EXACT_MAX_CHUNKS
 from services.tasks import TaskClient
 from workers.app import app
@@ -107,12 +107,17 @@ def ingest(self: Task, document_id: str) -> str:
         )
         INGEST_DOCUMENTS.labels(outcome.value.lower()).inc()
         if outcome is ingestion.Outcome.READY:
+            # The document is READY whatever happens to the index or the statistics.
             try:
                 request_assistant_index(document_id)
-            except Exception:  # the document is READY whatever happens to the index
+            except Exception:
                 log.warning(
                     "could not ask for the index of %s's assistant", document_id, exc_info=True
                 )
+            try:
+                refresh_term_statistics()
+            except Exception:
+                log.warning("could not analyse chunks after %s", document_id, exc_info=True)
         return outcome.value
     except ingestion.TRANSIENT_ERRORS as exc:
         if self.request.retries >= self.max_retries:
@@ -148,6 +153,14 @@ def request_assistant_index(document_id: str) -> None:
         if assistant is None or not indexes.needs_index(conn, str(assistant), EXACT_MAX_CHUNKS):
             return
     index_assistant.delay(str(assistant))
+
+
+def refresh_term_statistics() -> None:
+    """Analyses chunks when the full-text statistics searches rank by are missing or out of
+    date (services/retrieval/term_stats.py)."""
+    with resources().db.engine.connect() as conn:
+        if term_stats.analyze_when_grown(conn):
+            log.info("analysed chunks: its full-text statistics were missing or out of date")
 
 
 # No retries: the next document that becomes READY asks again, and a build that died leaves an

@@ -31,6 +31,7 @@ from services.db.session import Database
 from services.observability.tracing import traced
 from services.retrieval import fusion, indexes
 from services.retrieval.fusion import diversify, fuse, normalize_score
+from services.retrieval.term_stats import term_frequencies
 
 # HNSW keeps this many candidates while it walks the graph. On 100k clustered vectors (shaped
 # like embeddings of documents) and the index of migration 0007, recall@10 against exact
@@ -84,8 +85,6 @@ TEXT_RANK_TERMS = 32
 # analysed) loc@1 0.778 -> 0.815, loc@5 0.926 -> 0.944, mrr_loc 0.850 -> 0.877; the known
 # items of bench/search.py within one either way.
 TEXT_RANK_MAX_SHARE = 0.1
-# Term frequencies come from ANALYZE's statistics of chunks.tsv, re-read this often.
-TERM_STATS_SECONDS = 300.0
 
 CANDIDATE_COLUMNS = """
     c.id, c.document_id, d.display_name, d.content_type, c.chunk_index, c.text,
@@ -261,21 +260,6 @@ TEXT_SQL = text(
 # Matches looked up in `documents` before the fallback is needed, per candidate wanted.
 TEXT_DEPTH_PER_CANDIDATE = 2
 TEXT_RANK_WEIGHTS = "{" + ",".join(str(w) for w in fusion.TEXT_RANK_WEIGHTS) + "}"
-
-# The statistics as array literals, passed back as they are: adapting a thousand terms and
-# shares to a query's parameters in Python cost more than the round trip this query saves.
-# The shares end with three more numbers (two bounds and the share of NULLs), which unnest
-# pairs with no term; the least share of a listed term bounds every term left out.
-TERM_STATS_SQL = text(
-    """
-    SELECT most_common_elems::text AS terms, most_common_elem_freqs::text AS shares,
-           (SELECT min(f) FROM unnest(
-              most_common_elem_freqs[1:array_length(most_common_elem_freqs, 1) - 3]) AS f
-           ) AS least
-    FROM pg_stats
-    WHERE schemaname = current_schema() AND tablename = 'chunks' AND attname = 'tsv'
-    """
-)
 
 
 def vector_literal(vector: Sequence[float]) -> str:
@@ -465,30 +449,6 @@ def assistant_size(s: Session, tenant_id: str, assistant_id: str) -> AssistantSi
 
 def assistant_chunks(s: Session, tenant_id: str, assistant_id: str) -> int:
     return assistant_size(s, tenant_id, assistant_id).chunks
-
-
-_term_stats: dict[str, tuple[float, str, str, float]] = {}
-
-
-def term_frequencies(s: Session) -> tuple[str, str, float]:
-    """The common terms and the share of chunks holding each (array literals for CHOSEN_TERMS),
-    and a share for every other term.
-
-    Read from pg_stats (the most common lexemes ANALYZE found), cached per database.
-    """
-    key = str(s.get_bind().engine.url)
-    now = time.monotonic()
-    cached = _term_stats.get(key)
-    if cached is not None and cached[0] > now:
-        return cached[1], cached[2], cached[3]
-    row = s.execute(TERM_STATS_SQL).first()
-    terms, shares, floor = "{}", "{}", 0.0
-    if row is not None and row.terms:
-        terms, shares = row.terms, row.shares
-        # A term left out of the list is rarer than every term on it.
-        floor = float(row.least) / 2
-    _term_stats[key] = (now + TERM_STATS_SECONDS, terms, shares, floor)
-    return terms, shares, floor
 
 
 def stable_key(row: Row[Any]) -> tuple[str, str, int]:

@@ -1,0 +1,108 @@
+"""How common each full-text term is: read by searches, kept current by the ingest workers.
+
+Full text chooses and ranks its candidates by how many chunks hold each of the question's
+terms (search.CHOSEN_TERMS). Those shares are ANALYZE's statistics of chunks.tsv (pg_stats'
+most common lexemes), which cost nothing to read; counting terms at search time would cost a
+scan of the matches. Postgres's autovacuum analyses the table once a tenth of it has changed,
+at most once a minute, so a new deployment's first documents were searched with no
+statistics at all: every term ranked, common or not, and a server that had looked kept that
+answer for TERM_STATS_SECONDS. On the labelled set (`footnote eval` right after its upload)
+retrieval ranked an expected passage first for 44 of the 54 answerable questions instead of
+39 once the table was analysed, and one more answer cited the right place (q048, whose answer
+went from 7th to 1st; docs/quality.md).
+
+So the worker that makes a document READY analyses chunks itself when it has no statistics
+yet or has changed by as many rows as it held at its last analysis (`analyze_when_grown`): a
+few times in a table's life, each ANALYZE reading a sample of at most 30,000 rows. Searches
+re-read missing statistics every TERM_STATS_MISSING_SECONDS, so the first ones are used at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from sqlalchemy import Connection, text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+log = logging.getLogger(__name__)
+
+# Statistics are re-read this often; missing ones this often, until there are some.
+TERM_STATS_SECONDS = 300.0
+TERM_STATS_MISSING_SECONDS = 5.0
+# How long analysing waits for the table: another ANALYZE, a VACUUM or an index build (which
+# takes minutes) holds the lock ANALYZE needs, and the statistics they leave will do.
+ANALYZE_LOCK_TIMEOUT = "200ms"
+
+# The statistics as array literals, passed back as they are: adapting a thousand terms and
+# shares to a query's parameters in Python cost more than the round trip this query saves.
+# The shares end with three more numbers (two bounds and the share of NULLs), which unnest
+# pairs with no term; the least share of a listed term bounds every term left out.
+TERM_STATS_SQL = text(
+    """
+    SELECT most_common_elems::text AS terms, most_common_elem_freqs::text AS shares,
+           (SELECT min(f) FROM unnest(
+              most_common_elem_freqs[1:array_length(most_common_elem_freqs, 1) - 3]) AS f
+           ) AS least
+    FROM pg_stats
+    WHERE schemaname = current_schema() AND tablename = 'chunks' AND attname = 'tsv'
+    """
+)
+# Whether chunks wants analysing: no statistics of its text, or as many rows changed since its
+# last analysis as it held then (reltuples; -1 before any). The change count is the cumulative
+# statistics system's, which a backend reports within a second or so of committing.
+STALE_SQL = text(
+    """
+    SELECT NOT EXISTS (
+             SELECT 1 FROM pg_stats
+             WHERE schemaname = current_schema() AND tablename = 'chunks' AND attname = 'tsv')
+           OR coalesce(s.n_mod_since_analyze, 0) > greatest(c.reltuples, 0)
+    FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+    WHERE c.oid = to_regclass('chunks')
+    """
+)
+
+_term_stats: dict[str, tuple[float, str, str, float]] = {}
+
+
+def term_frequencies(s: Session) -> tuple[str, str, float]:
+    """The common terms and the share of chunks holding each (array literals for
+    search.CHOSEN_TERMS), and a share for every other term; no terms and a share of 0 while
+    the table has no statistics.
+
+    Read from pg_stats, cached per database.
+    """
+    key = str(s.get_bind().engine.url)
+    now = time.monotonic()
+    cached = _term_stats.get(key)
+    if cached is not None and cached[0] > now:
+        return cached[1], cached[2], cached[3]
+    row = s.execute(TERM_STATS_SQL).first()
+    terms, shares, floor, ttl = "{}", "{}", 0.0, TERM_STATS_MISSING_SECONDS
+    if row is not None and row.terms:
+        terms, shares, ttl = row.terms, row.shares, TERM_STATS_SECONDS
+        # A term left out of the list is rarer than every term on it.
+        floor = float(row.least) / 2
+    _term_stats[key] = (now + ttl, terms, shares, floor)
+    return terms, shares, floor
+
+
+def analyze_when_grown(conn: Connection) -> bool:
+    """ANALYZE chunks when it has no statistics of its text yet or has changed by as many rows
+    as it held at its last analysis; whether it did. Commits. Skipped (False) when something
+    else holds the table longer than ANALYZE_LOCK_TIMEOUT."""
+    if not conn.execute(STALE_SQL).scalar():
+        conn.rollback()
+        return False
+    conn.execute(text("SELECT set_config('lock_timeout', :t, true)"), {"t": ANALYZE_LOCK_TIMEOUT})
+    try:
+        conn.execute(text("ANALYZE chunks"))
+    except OperationalError as exc:
+        conn.rollback()
+        if getattr(exc.orig, "sqlstate", None) != "55P03":  # lock_not_available
+            raise
+        log.info("chunks is busy (another ANALYZE, VACUUM or index build); not analysed now")
+        return False
+    conn.commit()
+    return True
