@@ -2,11 +2,11 @@
 
 Full text chooses and ranks its candidates by how many chunks hold each of the question's
 terms (search.CHOSEN_TERMS). Those shares are ANALYZE's statistics of chunks.tsv (pg_stats'
-most common lexemes), which cost nothing to read; counting terms at search time would cost a
-scan of the matches. Postgres's autovacuum analyses the table once a tenth of it has changed,
-at most once a minute, so a new deployment's first documents were searched with no
+most common lexemes), cheap to read and cached; counting terms at search time would cost a
+scan of the matches. Postgres's autovacuum analyses the table once 50 rows and a tenth of it
+have changed, at most once a minute, so a new deployment's first documents were searched with no
 statistics at all: every term ranked, common or not, and a server that had looked kept that
-answer for TERM_STATS_SECONDS. On the labelled set (`footnote eval` right after its upload)
+answer for five minutes. On the labelled set (`footnote eval` right after its upload)
 retrieval ranked an expected passage first for 44 of the 54 answerable questions instead of
 39 once the table was analysed, and one more answer cited the right place (q048, whose answer
 went from 7th to 1st; docs/quality.md).
@@ -14,7 +14,8 @@ went from 7th to 1st; docs/quality.md).
 So the worker that makes a document READY analyses chunks itself when it has no statistics
 yet or has changed by as many rows as it held at its last analysis (`analyze_when_grown`): a
 few times in a table's life, each ANALYZE reading a sample of at most 30,000 rows. Searches
-re-read missing statistics every TERM_STATS_MISSING_SECONDS, so the first ones are used at once.
+re-read the statistics every TERM_STATS_SECONDS, and every TERM_STATS_MISSING_SECONDS while there
+are none, so the first ones are used at once.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 
-# Statistics are re-read this often; missing ones this often, until there are some.
-TERM_STATS_SECONDS = 300.0
+# Statistics are re-read this often (reading them takes half a millisecond: a thousand terms
+# and their shares), so that a new analysis is used within a minute; missing ones this often,
+# until there are some.
+TERM_STATS_SECONDS = 60.0
 TERM_STATS_MISSING_SECONDS = 5.0
 # How long analysing waits for the table: another ANALYZE, a VACUUM or an index build (which
 # takes minutes) holds the lock ANALYZE needs, and the statistics they leave will do.
