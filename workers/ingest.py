@@ -21,7 +21,7 @@ from services.documents.ingest import FailureKind
 from services.documents.purge import purge_document
 from services.documents.reconcile import Grace, reconcile
 from services.observability.worker_metrics import INGEST_DOCUMENTS
-from services.retrieval import indexes, term_stats
+from services.retrieval import indexes, table_stats
 from services.retrieval.search import EXACT_MAX_CHUNKS
 from services.tasks import TaskClient
 from workers.app import app
@@ -115,9 +115,9 @@ def ingest(self: Task, document_id: str) -> str:
                     "could not ask for the index of %s's assistant", document_id, exc_info=True
                 )
             try:
-                refresh_term_statistics()
+                refresh_statistics()
             except Exception:
-                log.warning("could not analyse chunks after %s", document_id, exc_info=True)
+                log.warning("could not analyse the tables after %s", document_id, exc_info=True)
         return outcome.value
     except ingestion.TRANSIENT_ERRORS as exc:
         if self.request.retries >= self.max_retries:
@@ -155,12 +155,12 @@ def request_assistant_index(document_id: str) -> None:
     index_assistant.delay(str(assistant))
 
 
-def refresh_term_statistics() -> None:
-    """Analyses chunks when the full-text statistics searches rank by are missing or out of
-    date (services/retrieval/term_stats.py)."""
+def refresh_statistics() -> None:
+    """Analyses chunks and documents when their statistics (the full-text term shares, the
+    planner's counts) are missing or out of date (services/retrieval/table_stats.py)."""
     with resources().db.engine.connect() as conn:
-        if term_stats.analyze_when_grown(conn):
-            log.info("analysed chunks: its full-text statistics were missing or out of date")
+        if analysed := table_stats.analyze_when_grown(conn):
+            log.info("analysed %s: statistics missing or out of date", ", ".join(analysed))
 
 
 # No retries: the next document that becomes READY asks again, and a build that died leaves an

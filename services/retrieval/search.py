@@ -31,7 +31,7 @@ from services.db.session import Database
 from services.observability.tracing import traced
 from services.retrieval import fusion, indexes
 from services.retrieval.fusion import diversify, fuse, normalize_score
-from services.retrieval.term_stats import term_frequencies
+from services.retrieval.table_stats import term_frequencies
 
 # HNSW keeps this many candidates while it walks the graph. On 100k clustered vectors (shaped
 # like embeddings of documents) and the index of migration 0007, recall@10 against exact

@@ -1,7 +1,7 @@
-"""Full-text term statistics: analysed when missing or outgrown, re-read soon while missing.
+"""Table statistics: analysed when missing or outgrown; term shares re-read soon while missing.
 
-Each test gets a schema of its own holding a bare `chunks` table, so what the session's other
-tests stored (and analysed) does not count.
+Each test gets a schema of its own holding bare `chunks` and `documents` tables, so what the
+session's other tests stored (and analysed) does not count.
 """
 
 from __future__ import annotations
@@ -15,19 +15,20 @@ from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
 from services.db.session import make_engine
-from services.retrieval import term_stats
+from services.retrieval import table_stats
 
 
 @pytest.fixture
 def own_chunks(settings) -> Iterator[Connection]:
-    """A connection whose search path finds a new, empty `chunks` table first (an engine of its
-    own: a pooled connection would keep that search path for the next test)."""
+    """A connection whose search path finds new, empty `chunks` and `documents` tables first (an
+    engine of its own: a pooled connection would keep that search path for the next test)."""
     schema = "stats_" + uuid.uuid4().hex[:8]
     engine = make_engine(settings.database_url, pool_size=1)
     try:
         with engine.connect() as conn:
             conn.execute(text(f"CREATE SCHEMA {schema}"))
             conn.execute(text(f"CREATE TABLE {schema}.chunks (tsv tsvector)"))
+            conn.execute(text(f"CREATE TABLE {schema}.documents (name text)"))
             conn.execute(text(f"SET search_path = {schema}"))
             conn.commit()
             try:
@@ -57,23 +58,32 @@ def wait_until(predicate, timeout: float = 10.0) -> bool:
     return outcome
 
 
-def test_chunks_are_analysed_when_new_and_when_doubled(own_chunks):
+def add_documents(conn: Connection, count: int) -> None:
+    conn.execute(
+        text("INSERT INTO documents SELECT 'doc' || n FROM generate_series(1, :n) n"), {"n": count}
+    )
+    conn.commit()
+
+
+def test_tables_are_analysed_when_new_and_when_doubled(own_chunks):
     conn = own_chunks
+    add_documents(conn, 3)
     add_chunks(conn, 20, "annual leave requests")
-    assert term_stats.analyze_when_grown(conn)  # never analysed
-    assert not term_stats.analyze_when_grown(conn)  # nothing changed since
+    assert table_stats.analyze_when_grown(conn) == ["chunks", "documents"]  # never analysed
+    assert table_stats.analyze_when_grown(conn) == []  # nothing changed since
     # Fewer new rows than it held: autovacuum's business (a tenth of the table, within a minute).
     add_chunks(conn, 10, "sick leave")
     time.sleep(0.3)
-    assert not term_stats.analyze_when_grown(conn)
+    assert table_stats.analyze_when_grown(conn) == []
     # As many changed rows as it held at its analysis: analysed again, with the new words.
     add_chunks(conn, 15, "sick leave")
-    assert wait_until(lambda: term_stats.analyze_when_grown(conn))
-    terms = conn.execute(term_stats.TERM_STATS_SQL).one().terms
+    assert wait_until(lambda: table_stats.analyze_when_grown(conn)) == ["chunks"]
+    terms = conn.execute(table_stats.TERM_STATS_SQL).one().terms
     assert "sick" in terms and "annual" in terms
 
 
 def test_a_busy_table_is_left_for_later(own_chunks, db):
+    add_documents(own_chunks, 3)
     add_chunks(own_chunks, 5, "leave")
     schema = own_chunks.execute(text("SELECT current_schema()")).scalar_one()
     own_chunks.commit()
@@ -81,28 +91,28 @@ def test_a_busy_table_is_left_for_later(own_chunks, db):
         # What an index build or another ANALYZE holds until it ends.
         other.execute(text(f"LOCK TABLE {schema}.chunks IN SHARE UPDATE EXCLUSIVE MODE"))
         began = time.monotonic()
-        assert not term_stats.analyze_when_grown(own_chunks)
+        assert table_stats.analyze_when_grown(own_chunks) == ["documents"]
         assert time.monotonic() - began < 5
         other.rollback()
-    assert term_stats.analyze_when_grown(own_chunks)
+    assert table_stats.analyze_when_grown(own_chunks) == ["chunks"]
 
 
 def test_missing_statistics_are_read_again_within_seconds(own_chunks, monkeypatch):
     clock = [1_000.0]
-    monkeypatch.setattr(term_stats.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(term_stats, "_term_stats", {})
+    monkeypatch.setattr(table_stats.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(table_stats, "_term_stats", {})
     session = Session(bind=own_chunks)
     add_chunks(own_chunks, 10, "annual leave")
-    assert term_stats.term_frequencies(session) == ("{}", "{}", 0.0)
-    assert term_stats.analyze_when_grown(own_chunks)
-    clock[0] += term_stats.TERM_STATS_MISSING_SECONDS + 1
-    terms, shares, floor = term_stats.term_frequencies(session)
+    assert table_stats.term_frequencies(session) == ("{}", "{}", 0.0)
+    assert table_stats.analyze_when_grown(own_chunks)
+    clock[0] += table_stats.TERM_STATS_MISSING_SECONDS + 1
+    terms, shares, floor = table_stats.term_frequencies(session)
     assert "annual" in terms and shares != "{}" and floor > 0
     # Statistics found are kept for longer: a new analysis is read TERM_STATS_SECONDS later.
     add_chunks(own_chunks, 20, "sick days")
     own_chunks.execute(text("ANALYZE chunks"))
     own_chunks.commit()
-    clock[0] += term_stats.TERM_STATS_MISSING_SECONDS + 1
-    assert term_stats.term_frequencies(session)[0] == terms
-    clock[0] += term_stats.TERM_STATS_SECONDS
-    assert "sick" in term_stats.term_frequencies(session)[0]
+    clock[0] += table_stats.TERM_STATS_MISSING_SECONDS + 1
+    assert table_stats.term_frequencies(session)[0] == terms
+    clock[0] += table_stats.TERM_STATS_SECONDS
+    assert "sick" in table_stats.term_frequencies(session)[0]

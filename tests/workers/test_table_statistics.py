@@ -1,9 +1,9 @@
-"""The worker that makes a new deployment's first document READY analyses chunks.
+"""The worker that makes a new deployment's first document READY analyses chunks and documents.
 
 Autovacuum analyses a table only once 50 rows and a tenth of it have changed, at most once a
-minute: a deployment's first few documents would be searched without full-text statistics
-(services/retrieval/term_stats.py). The test needs a database no one has analysed, so it
-makes one, with a worker of its own on a broker of its own.
+minute: a deployment's first few documents would be searched without full-text statistics,
+and planned without counts (services/retrieval/table_stats.py). The test needs a database no
+one has analysed, so it makes one, with a worker of its own on a broker of its own.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, text
 
 from services.db import migrate
 from services.db.session import Database, make_engine, normalize_url
-from services.retrieval import term_stats
+from services.retrieval import table_stats
 from tests.conftest import kill_group, start_worker, wait_worker_ready, worker_env
 from tests.support import stored_document
 from tests.workers.test_failures import document, send_ingest, wait_for
@@ -38,7 +38,7 @@ def new_database(settings) -> Iterator[str]:
         admin.dispose()
 
 
-def test_the_first_ready_document_leaves_full_text_statistics(
+def test_the_first_ready_document_leaves_statistics_of_chunks_and_documents(
     new_database, settings, storage, private_broker, tmp_path
 ):
     db = Database(make_engine(new_database, pool_size=1))
@@ -55,9 +55,20 @@ def test_the_first_ready_document_leaves_full_text_statistics(
         )
         assert ready.state == "READY", ready.error
         # Far fewer chunks than autovacuum waits for: the worker analysed them.
-        stats = db.read(lambda s: s.execute(term_stats.TERM_STATS_SQL).first())
+        stats = db.read(lambda s: s.execute(table_stats.TERM_STATS_SQL).first())
+        planned = db.read(
+            lambda s: set(
+                s.execute(
+                    text(
+                        "SELECT DISTINCT tablename FROM pg_stats"
+                        " WHERE schemaname = current_schema()"
+                    )
+                ).scalars()
+            )
+        )
     finally:
         kill_group(worker)
         db.dispose()
     assert ready.chunk_count < 50
     assert stats is not None and "leav" in stats.terms
+    assert {"chunks", "documents"} <= planned
