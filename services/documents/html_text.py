@@ -7,6 +7,7 @@ citation can name the lines of the uploaded file rather than of the extracted te
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from typing import Any
 
@@ -40,6 +41,7 @@ _PARAGRAPH_BREAK = frozenset(
 )  # fmt: skip
 _LINE_BREAK = frozenset({"br", "li", "tr", "dt", "dd", "caption"})
 _CELLS = frozenset({"td", "th"})
+_PERMALINK_MARKS = frozenset({"¶", "§", "#", "🔗"})
 _HEADING_LEVELS = {f"h{n}": n for n in range(1, 7)}
 _SPACE_RUN = re.compile(r"[ \t\n\r\f\xa0]+")
 _FEED_SIZE = 64 * 1024
@@ -71,12 +73,12 @@ class _TextBuilder:
             self._line = line + number
             self.data(piece if number + 1 == len(pieces) else piece + "\n")
 
-    def start(self, tag: Any, attrib: Any) -> None:
+    def start(self, tag: Any, attrib: Any, text: str | None = None) -> None:
         if self._skip_depth:
             self._skip_depth += 1
             return
         tag = str(tag).lower()
-        if self._is_dropped(tag, attrib):
+        if self._is_dropped(tag, attrib, text):
             self._skip_depth = 1
             return
         if tag in _SECTIONING:
@@ -131,7 +133,7 @@ class _TextBuilder:
         marks = tuple(LineMark(max(0, m.offset - shift), m.line) for m in self.line_marks)
         return stripped.rstrip(), headings, marks
 
-    def _is_dropped(self, tag: str, attrib: Any) -> bool:
+    def _is_dropped(self, tag: str, attrib: Any, text: str | None) -> bool:
         if tag in _DROPPED:
             return True
         if tag in _CHROME and self._sectioning_depth == 0:
@@ -143,6 +145,18 @@ class _TextBuilder:
             "hidden" in attributes
             or attributes.get("aria-hidden") == "true"
             or attributes.get("role") == "navigation"
+            or (tag == "a" and self._is_permalink(attributes, text))
+        )
+
+    def _is_permalink(self, attributes: dict[str, str], text: str | None) -> bool:
+        """A heading's link to itself ("Copyright¶" from Sphinx and MkDocs, "#" elsewhere): not
+        part of the heading's title or of the text."""
+        if "headerlink" in attributes.get("class", "").split():
+            return True
+        return (
+            self._heading_level is not None
+            and attributes.get("href", "").startswith("#")
+            and (text or "").strip() in _PERMALINK_MARKS
         )
 
     def _at_line_start(self) -> bool:
@@ -202,37 +216,106 @@ class _TextBuilder:
 class _MarkupLines:
     """Finds where a text node sits in the markup, to give it the line it starts on.
 
-    libxml2 reports the line of each element's start tag, not of text. Text (before entity
-    decoding) is searched for from the last place found; when it cannot be found (it held an
-    entity or a comment), its lines are counted on from its element's start tag.
+    libxml2 gives each element the line its start tag ends on, and nothing for text. A cursor
+    walks the markup in document order: each element's start moves it past that tag when the
+    tag is found ending on its line (so its attributes are not taken for text), else to the
+    line's start; each text node is looked for from the cursor by its first run of MIN_ANCHOR
+    or more letters, digits and spaces (which no page writes as entities), outside tags, and
+    the cursor moves past the text. A node without such a run ("." or "@", often written
+    "&#46;" and "&#64;") gets the cursor's line. A cursor found past an element's line was
+    misled (the text read before an element precedes its tag), and goes back to that line.
+
+    The text nodes used to be looked for whole, from a cursor that only moved forward: on a
+    Sphinx page the "." of an address written "nas<span>&#46;</span>org" matched a full stop 17
+    lines down, and every later text of the page was placed near its end. On 239 HTML manuals
+    (Debian packages' documentation and Node.js's API reference; 39,858 chunks of 300
+    characters), chunks whose cited lines lacked their first or last word: 1,657 before, none
+    now (`bench/html_lines.py`).
     """
 
     # How far past the cursor a text node is looked for, beyond its own length.
     SLACK = 4096
+    # The fewest letters, digits and spaces worth looking for, and how far into a text.
+    MIN_ANCHOR = 3
+    ANCHOR_WITHIN = 256
+    # How many matches inside tags are passed over before the text is given the cursor's line.
+    TAG_RETRIES = 8
+    _ANCHOR = re.compile(rf"[A-Za-z0-9][A-Za-z0-9 ]{{{MIN_ANCHOR - 1},}}")
 
     def __init__(self, markup: str) -> None:
         self.markup = markup
         self._line_starts = [0, *(m.end() for m in re.finditer("\n", markup))]
         self.cursor = 0
 
-    def enter(self, sourceline: int | None) -> int:
-        if sourceline:
-            line_start = self._line_starts[min(sourceline, len(self._line_starts)) - 1]
+    def enter(self, sourceline: int | None, tag: str) -> int:
+        """An element starts on the line libxml2 gives, the line its start tag ends on: the
+        cursor moves past that tag when it is found (its attributes are not text), else to the
+        line's start."""
+        if sourceline and sourceline < _LAST_KNOWN_LINE:
+            line = min(sourceline, len(self._line_starts))
+            line_start = self._line_starts[line - 1]
+            line_end = (
+                self._line_starts[line] if line < len(self._line_starts) else len(self.markup)
+            )
+            if self.cursor >= line_end:
+                self.cursor = line_start  # misled: the text before the tag is above its end
+            # The tag begins after the text read so far and ends on the line.
+            begin = max(self.cursor, line_start - self.SLACK)
             self.cursor = max(self.cursor, line_start)
+            for opened in _start_tag(tag).finditer(self.markup, begin, line_end):
+                closed = _TAG_REST.match(self.markup, opened.end(), opened.end() + self.SLACK)
+                end = closed.end() if closed is not None else opened.end()
+                if end > line_end:
+                    break
+                if self.line_at(end - 1) == line:
+                    self.cursor = end
+                    break
         return self.line_at(self.cursor)
+
+    def _in_tag(self, offset: int) -> bool:
+        opened = self.markup.rfind("<", max(0, offset - self.SLACK), offset)
+        return (
+            opened >= 0
+            and self.markup.find(">", opened, offset) < 0
+            and _TAG_START.match(self.markup, opened) is not None
+        )
 
     def line_at(self, offset: int) -> int:
         return bisect.bisect_right(self._line_starts, offset)
 
     def locate(self, text: str) -> int:
         """The line on which text starts, moving the cursor past it when found."""
-        if not text.strip():
+        anchor = self._ANCHOR.search(text, 0, self.ANCHOR_WITHIN)
+        if anchor is None:
             return self.line_at(self.cursor)
-        found = self.markup.find(text, self.cursor, self.cursor + len(text) + self.SLACK)
+        needle = anchor.group()[:64].rstrip()
+        limit = self.cursor + len(text) + self.SLACK
+        found = self.markup.find(needle, self.cursor, limit)
+        # Not inside a tag: "code" in "</code>", a title attribute that repeats the text.
+        passed = 0
+        while found >= 0 and self._in_tag(found):
+            passed += 1
+            found = self.markup.find(needle, found + 1, limit) if passed <= self.TAG_RETRIES else -1
         if found < 0:
             return self.line_at(self.cursor)
-        self.cursor = found + len(text)
-        return self.line_at(found)
+        # Past the text: its length from the anchor on is its extent in the markup, or a lower
+        # bound of it when the markup writes some of its characters as entities.
+        self.cursor = found + len(text) - anchor.start()
+        # The text's lines before its anchor's (leading white space, say) come first.
+        return max(1, self.line_at(found) - text.count("\n", 0, anchor.start()))
+
+
+# libxml2 keeps an element's line in 16 bits: past this one it reports this one, whatever the
+# line, and text further down is placed by the cursor alone.
+_LAST_KNOWN_LINE = 65_535
+_TAG_START = re.compile(r"</?[A-Za-z]")
+# The rest of a start tag after its name: attributes, quoted values holding any ">", then ">".
+_TAG_REST = re.compile(r"""(?:[^>"']|"[^"]*"|'[^']*')*>""")
+
+
+@functools.lru_cache(maxsize=256)
+def _start_tag(tag: str) -> re.Pattern[str]:
+    return re.compile(rf"<{re.escape(tag)}(?=[\s/>])", re.IGNORECASE)
 
 
 def extract_html(
@@ -274,8 +357,8 @@ def _walk(root: Any, builder: _TextBuilder, lines: _MarkupLines, budget: Budget)
                 builder.data_at(element.tail, lines.locate(element.tail))
             continue
         if event == "start":
-            lines.enter(element.sourceline)
-            builder.start(element.tag, element.attrib)
+            lines.enter(element.sourceline, element.tag)
+            builder.start(element.tag, element.attrib, element.text)
             if element.text:
                 builder.data_at(element.text, lines.locate(element.text))
         else:

@@ -57,6 +57,36 @@ the local system without root.</P>
 """
 
 
+# What Sphinx and other generators write: permalinks in headings, an address written with
+# entities (its "." found as it stands matched a full stop further down, and every later text
+# was placed there), start tags over two lines, a title attribute repeating the link's text,
+# and words that are also tag names.
+GENERATED = """<!DOCTYPE html>
+<html><head><title>Python policy</title></head>
+<body>
+<h1>Python policy<a class="headerlink" href="#policy" title="Permalink to this heading">¶</a></h1>
+<ul>
+<li><p>Neil Schemenauer &lt;<a href="mailto:nas&#37;&#52;&#48;debian&#46;org"
+>nas<span>&#64;</span>debian<span>&#46;</span>org</a>&gt;</p></li>
+</ul>
+<h2>Versions<a class="headerlink" href="#versions">¶</a></h2>
+<p>The supported versions are listed in
+debian_defaults under share and python3</p>
+<p>Packages call py3versions to learn them;
+they never hard code a version</p>
+<p>
+  You may also read the <a
+  href="docs/annotated.html" title="modular version">annotated source</a>; there is a <a
+  href="docs/modules.html">modular version</a> with clickable
+  import references as well
+</p>
+<h2 id="errors">Errors <a href="#errors">#</a></h2>
+<p>The stream is closed with the standard <code>INTERNAL_ERROR</code>
+code and the callback is called.</p>
+</body></html>
+"""
+
+
 def visible_text(lines: list[str], start: int, end: int) -> str:
     """The text a reader sees on lines start..end of an HTML file."""
     fragment = "\n".join(lines[start - 1 : end])
@@ -78,6 +108,32 @@ def test_html_lines_are_lines_of_the_markup(max_chars: int) -> None:
         words = WORD.findall(c.text)
         for word in (*words[:2], *words[-2:]):
             assert word in seen, (word, c.start_line, c.end_line, c.text)
+
+
+@pytest.mark.parametrize("max_chars", [40, 80, 400])
+def test_generated_html_lines_hold_their_text(max_chars: int) -> None:
+    extracted = parse(GENERATED.encode(), "text/html")
+    lines = GENERATED.split("\n")
+    chunks = chunk(extracted, max_chars=max_chars, overlap_chars=0)
+    for c in chunks:
+        assert 1 <= c.start_line <= c.end_line <= len(lines)
+        seen = visible_text(lines, c.start_line, c.end_line)
+        words = WORD.findall(c.text)
+        for word in (words[0], words[-1]):
+            assert word in seen, (word, c.start_line, c.end_line, c.text)
+
+    def line_of(word: str) -> int:
+        return next(n for n, line in enumerate(lines, 1) if word in line)
+
+    for word in ("debian_defaults", "never", "clickable", "callback"):
+        holder = next(c for c in chunks if word in c.text)
+        assert holder.start_line <= line_of(word) <= holder.end_line, (word, holder)
+
+
+def test_heading_permalinks_are_not_text() -> None:
+    extracted = parse(GENERATED.encode(), "text/html")
+    assert [h.title for h in extracted.headings] == ["Python policy", "Versions", "Errors"]
+    assert "¶" not in extracted.text and "Errors #" not in extracted.text
 
 
 def test_html_cited_lines_hold_the_paragraph() -> None:
