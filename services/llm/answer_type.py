@@ -76,10 +76,12 @@ _REFERENCE = re.compile(
     r"\b(?:sections?|articles?|clauses?|chapters?|paragraphs?|steps?|exhibit|appendix)\s*$|§\s*$",
     re.I,
 )
-# A number of bytes: "256K", "16 GB", "two bytes". A bare multiplier before a plural noun
-# counts that noun instead: "64K UIDs", "10M rows" are not sizes.
+# A number of bytes: "256K", "16 GB", "two bytes", or a constant's ("ASN1_MAX_NAME_SIZE bytes",
+# as C manuals give buffer sizes). A bare multiplier before a plural noun counts that noun
+# instead: "64K UIDs", "10M rows" are not sizes.
+_CONSTANT = r"(?-i:\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b)"
 _SIZE = re.compile(
-    rf"(?:{_DIGITS}|{_WORDS}|\bone\b)[\s-]*"
+    rf"(?:{_DIGITS}|{_WORDS}|\bone\b|{_CONSTANT})[\s-]*"
     r"(?:[KMGT]i?B\b|[KMGT]i?\b(?!\s+(?!bytes\b)[^\W\d_]{2,}s\b)"
     r"|bytes?\b|kilobytes?|megabytes?|gigabytes?|terabytes?)",
     re.I,

@@ -56,6 +56,8 @@ def test_what_a_question_asks_for(question: str, expected: Expected | None) -> N
         (Expected(Kind.SIZE), "The limit is 100K in all.", True),
         (Expected(Kind.SIZE), "The header is only two bytes, the trailer four-byte.", True),
         (Expected(Kind.SIZE), "pip cache info shows the total size of the cache.", False),
+        (Expected(Kind.SIZE), "It needs at least ASN1_MAX_ERROR_DESCRIPTION_SIZE bytes.", True),
+        (Expected(Kind.SIZE), "Pass error_description_size bytes.", False),
         (Expected(Kind.LENGTH), "It stays valid for at least three years.", True),
         (Expected(Kind.LENGTH), "It stays valid for as long as you offer spare parts.", True),
         (Expected(Kind.LENGTH), "The rights terminate automatically if you fail to comply.", False),
