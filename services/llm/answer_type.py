@@ -41,11 +41,14 @@ class Kind(enum.Enum):
 _AUXILIARIES = (
     "can|could|do|does|did|is|are|was|were|will|would|shall|should|must|may|might|have|has|had"
 )
-# "how many days", "how much memory" (not "how much can I charge", which asks for a manner).
+# "how many days", "how much memory" (not "how much can I charge", which asks for a manner), and
+# the words after it up to the verb: "how many mantissa bits" asks for bits.
 _HOW_MANY = re.compile(rf"\bhow\s+(many|much)\s+(?!(?:{_AUXILIARIES}|of)\b)([^\W\d_]+)", re.I)
+_NOUN_AFTER = re.compile(rf"\s+(?!(?:{_AUXILIARIES}|of|per|in|for|to|on|at|by)\b)([^\W\d_]+)", re.I)
+_NOUN_WORDS = 3
 _HOW = re.compile(r"\bhow\s+(long|large|big|small|old|far|high|wide|fast)\b", re.I)
 _WHAT_NOUN = re.compile(
-    r"""\b(?:what|which)\s+(?:(?:is|are|was|were)\s+)?(?:the\s+)?(?:[^\W\d_]+\s+){0,3}?
+    r"""\b(?:what|which)\s+(?:(?:is|are|was|were)\s+)?(?:the\s+)?(?:[^\W_][\w.+-]*\s+){0,3}?
         (size|sizes|version|versions|percentage|port|limit|range|amount|length|count|timeout
         |duration|threshold)\b""",
     re.I | re.X,
@@ -101,7 +104,7 @@ _NO_LIMIT = re.compile(
 # or one given in words ("any later version").
 _VERSION = re.compile(
     r"(?<![\w.])v?\d+\.\d+(?:\.\d+)*\b|\b(?:version|v)\s*\d+"
-    r"|\b(?!(?:section|article|clause|chapter|step|exhibit|appendix)\b)(?-i:[A-Z])[\w+#-]*\s+\d+\b"
+    r"|\b(?!(?:section|article|clause|chapter|step|exhibit|appendix)\b)(?-i:[A-Z])[\w+#-]*\s+\d+(?:\.\d+)*\b"
     r"|\b(?:any|later|latest|earlier|newer|older|same|current)\s+version\b",
     re.I,
 )
@@ -125,6 +128,9 @@ class Expected:
     kind: Kind
     unit: str = ""
     change: bool = False
+    # The versions the question names itself ("Python 3" in "Which Python 3 version..."): a
+    # sentence naming only those does not say which.
+    given: frozenset[str] = frozenset()
 
     def met_by(self, sentence: str) -> bool:
         if _NO_LIMIT.search(sentence) and self.kind is not Kind.VERSION:
@@ -134,12 +140,17 @@ class Expected:
         if self.kind is Kind.LENGTH:
             return bool(_TIME_OR_LENGTH.search(sentence))
         if self.kind is Kind.VERSION:
-            return bool(_VERSION.search(sentence)) and (not self.change or _changes(sentence))
+            named = {_spelled(v) for v in _VERSION.findall(sentence)} - self.given
+            return bool(named) and (not self.change or _changes(sentence))
         if not _states_number(sentence):
             return False
         if self.kind is Kind.UNIT:
             return self.unit in stem_words([w.lower() for w in _WORD.findall(sentence)])
         return True
+
+
+def _spelled(version: str) -> str:
+    return " ".join(version.lower().split())
 
 
 def _changes(text: str) -> bool:
@@ -157,13 +168,13 @@ def _states_number(sentence: str) -> bool:
 def expected_answer(question: str) -> Expected | None:
     """What quantity the question asks for, or None when it asks for something else."""
     if how_many := _HOW_MANY.search(question):
-        noun = stem_word(how_many.group(2).lower())
-        if noun in _UNITS:
-            return Expected(Kind.UNIT, noun)
-        if noun in _SIZE_NOUNS:
-            return Expected(Kind.SIZE)
-        if noun in _TIME_NOUNS:
-            return Expected(Kind.LENGTH)
+        for noun in _nouns_after(question, how_many):
+            if noun in _UNITS:
+                return Expected(Kind.UNIT, noun)
+            if noun in _SIZE_NOUNS:
+                return Expected(Kind.SIZE)
+            if noun in _TIME_NOUNS:
+                return Expected(Kind.LENGTH)
         return Expected(Kind.NUMBER)
     if how := _HOW.search(question):
         word = how.group(1).lower()
@@ -177,13 +188,25 @@ def expected_answer(question: str) -> Expected | None:
         if word.startswith("size"):
             return Expected(Kind.SIZE)
         if word.startswith("version"):
-            return Expected(Kind.VERSION, change=_changes(question))
+            given = frozenset(_spelled(v) for v in _VERSION.findall(question))
+            return Expected(Kind.VERSION, change=_changes(question), given=given)
         if word in ("timeout", "duration"):
             return Expected(Kind.LENGTH)
         return Expected(Kind.NUMBER)
     if _SUPERLATIVE.search(question) or _NUMERIC.search(question):
         return Expected(Kind.NUMBER)
     return None
+
+
+def _nouns_after(question: str, how_many: re.Match[str]) -> list[str]:
+    """The stems of the words "how many" asks about, up to _NOUN_WORDS and the first verb or
+    preposition: "how many days", "how many mantissa bits"."""
+    stems = [stem_word(how_many.group(2).lower())]
+    at = how_many.end()
+    while len(stems) < _NOUN_WORDS and (word := _NOUN_AFTER.match(question, at)):
+        stems.append(stem_word(word.group(1).lower()))
+        at = word.end()
+    return stems
 
 
 def unknown_names(question: str, texts: Sequence[str]) -> list[str]:

@@ -24,6 +24,13 @@ from services.llm.answer_type import Expected, Kind, expected_answer, unknown_na
         ("Which version introduced the treemagic element?", Expected(Kind.VERSION, change=True)),
         ("What is the largest windowBits value it accepts?", Expected(Kind.NUMBER)),
         ("What numeric UID does www-data have?", Expected(Kind.NUMBER)),
+        ("How many mantissa bits does a 32-bit float have?", Expected(Kind.UNIT, "bit")),
+        ("How many annual leave days do I get?", Expected(Kind.UNIT, "day")),
+        ("How many users can log in at once?", Expected(Kind.NUMBER)),
+        (
+            "Which Python 3 version is the default?",
+            Expected(Kind.VERSION, given=frozenset({"python 3"})),
+        ),
         ("Which range of UIDs does adduser hand out?", Expected(Kind.NUMBER)),
         # Not quantities: a manner, a definition, a name, a yes or no.
         ("How much can I charge for the source code?", None),
@@ -72,6 +79,10 @@ def test_what_a_question_asks_for(question: str, expected: Expected | None) -> N
         (Expected(Kind.VERSION), "The rules are in Section 4 of the License.", False),
         (Expected(Kind.VERSION), "It needs at least 3 workers to start.", False),
         (Expected(Kind.VERSION), "Set `PYTHON_DOTENV_DISABLED=1` to disable it.", False),
+        (Expected(Kind.VERSION), "The default is Python 3.11 on bookworm.", True),
+        # A version the question names itself does not say which.
+        (Expected(Kind.VERSION, given=frozenset({"python 3"})), "It needs Python 3.", False),
+        (Expected(Kind.VERSION, given=frozenset({"python 3"})), "It ships Python 3.11.", True),
     ],
 )
 def test_whether_a_sentence_states_the_quantity(kind: Expected, sentence: str, met: bool) -> None:
