@@ -7,6 +7,7 @@ from services.citations import SourceLocation, answer_sentences, extract
 from services.citations.spans import ByteOffsets
 from services.documents.chunking import chunk
 from services.documents.extracted import DocumentKind, ExtractedText
+from services.documents.parsing import parse
 from services.evidence.quotes import quote_location
 
 MIXED = "Le café coûte 3 € [1]. 東京は日本の首都です。[2] Emoji 🎉 party 👩‍👩‍👧 here [1]. Plain."
@@ -47,16 +48,35 @@ def test_quote_location_moves_offsets_lines_and_bytes() -> None:
     )
     q_start = chunk_text.index("Le café")
     q_end = chunk_text.index("☕.") + 2
-    got = quote_location(chunk_text, loc, q_start, q_end)
+    got = quote_location(chunk_text, loc, q_start, q_end, "text/plain")
     quote = chunk_text[q_start:q_end]
     assert document[got.start_offset : got.end_offset] == quote
     assert document.encode()[got.start_byte : got.end_byte] == quote.encode()
     assert (got.start_line, got.end_line, got.heading) == (3, 3, "Cafés")
 
 
+def test_an_html_quote_keeps_the_chunks_lines() -> None:
+    # Lines of the markup, not of the extracted text: three paragraphs on the first line of
+    # markup are five lines of text.
+    markup = "<p>Intro.</p><p>Middle.</p><p>More.</p>\n<p>Last.</p>\n"
+    extracted = parse(markup.encode(), "text/html")
+    piece = chunk(extracted, max_chars=400, overlap_chars=0)[0]
+    loc = SourceLocation(
+        start_offset=piece.start_offset,
+        end_offset=piece.end_offset,
+        start_line=piece.start_line,
+        end_line=piece.end_line,
+    )
+    q_start = piece.text.index("Last")
+    got = quote_location(piece.text, loc, q_start, q_start + 5, "text/html")
+    assert (got.start_line, got.end_line) == (piece.start_line, piece.end_line) == (1, 2)
+    # Counted from the text, "Last." would sit on line 7 of a file of two lines.
+    assert quote_location(piece.text, loc, q_start, q_start + 5, "text/plain").start_line == 7
+
+
 def test_quote_location_without_recorded_bytes_reports_none() -> None:
     loc = SourceLocation(start_offset=10, end_offset=20, start_line=1, end_line=1)
-    got = quote_location("café au lait", loc, 5, 7)
+    got = quote_location("café au lait", loc, 5, 7, "text/plain")
     assert (got.start_offset, got.end_offset, got.start_byte, got.end_byte) == (15, 17, 0, 0)
 
 
