@@ -3,8 +3,10 @@
 Plain text has no markup, so a heading is recognised by its shape: a line standing alone
 between blank lines that is numbered and titled ("1. Definitions", "2.1 Grants", "Section 3 -
 Termination", "ARTICLE IV"), in capitals ("TERMS AND CONDITIONS"), or centred by indentation
-("Preamble"); or a numbered section whose short title runs into its first sentence on the same
-line ("2. Grant of Copyright License. Subject to ..."), as licences and contracts often write.
+("Preamble"); a line underlined with "=", "-" or "~" as long as it, as READMEs and specs in
+plain text (and reStructuredText) write it; or a numbered section whose short title runs into
+its first sentence on the same line ("2. Grant of Copyright License. Subject to ..."), as
+licences and contracts often write.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ _SMALL_WORDS = frozenset(
     }
 )  # fmt: skip
 _SENTENCE_END = (",", ";", ":")
+# An underline and the level it gives: "TRIGGERS\n========", "Introduction\n------------".
+_UNDERLINE = re.compile(r"(?P<mark>[=~-])(?P=mark){2,}")
+_UNDERLINE_LEVELS = {"=": 1, "-": 2, "~": 3}
 
 
 def text_headings(text: str) -> tuple[Heading, ...]:
@@ -51,6 +56,10 @@ def text_headings(text: str) -> tuple[Heading, ...]:
         before_blank = index == 0 or not lines[index - 1].strip()
         if not before_blank:
             continue
+        if (underlined := _underlined(stripped, lines, index)) is not None:
+            if title := heading_title(stripped):
+                headings.append(Heading(start, underlined, title))
+            continue
         after_blank = index + 1 == len(lines) or not lines[index + 1].strip()
         found = _standalone(line, stripped) if after_blank else None
         if found is None:
@@ -61,6 +70,22 @@ def text_headings(text: str) -> tuple[Heading, ...]:
             if title:
                 headings.append(Heading(start, level, title))
     return tuple(headings)
+
+
+def _underlined(stripped: str, lines: list[str], index: int) -> int | None:
+    """The level of a title whose next line underlines it, about its length, before a blank
+    line or the end; None for any other line. Without the blank line, table headers over a
+    rule passed for titles; a sentence over a rule is not one either."""
+    if index + 1 >= len(lines) or len(stripped.split()) > MAX_HEADING_WORDS:
+        return None
+    if stripped.endswith((".", ",", ";")):
+        return None
+    underline = _UNDERLINE.fullmatch(lines[index + 1].strip())
+    if underline is None or len(underline.group()) < 0.8 * len(stripped):
+        return None
+    if index + 2 < len(lines) and lines[index + 2].strip():
+        return None
+    return _UNDERLINE_LEVELS[underline.group("mark")]
 
 
 def _standalone(line: str, stripped: str) -> tuple[int, str] | None:

@@ -237,6 +237,41 @@ def test_plain_text_gets_numbered_and_titled_sections_as_headings() -> None:
         )
 
 
+UNDERLINED = """TRIGGERS
+========
+
+Introduction
+------------
+A dpkg trigger records events caused by one package.
+
+Name    Value
+-----   -----
+
+Concepts
+--------
+
+Each trigger has a name.
+
+A line of prose
+---
+
+Each trigger is activated once.
+-------------------------------
+
+"""
+
+
+def test_plain_text_titles_underlined_as_long_as_they_are_headings() -> None:
+    found = [(h.level, h.title) for h in text_headings(UNDERLINED)]
+    assert found == [(1, "TRIGGERS"), (2, "Concepts")]
+    # "Introduction" runs into its text (as table headers over a rule do), a table header's
+    # underline has gaps, a short rule under a long line is a rule, and a sentence over a rule
+    # is not a title.
+    extracted = parse(UNDERLINED.encode(), "text/plain")
+    piece = next(c for c in chunk(extracted, max_chars=400, overlap_chars=0) if "name" in c.text)
+    assert piece.heading_path == ("TRIGGERS", "Concepts")
+
+
 def test_plain_text_chunks_carry_heading_paths_and_file_lines() -> None:
     extracted = parse(PLAIN.encode(), "text/plain")
     lines = PLAIN.split("\n")
