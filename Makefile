@@ -69,6 +69,7 @@ BENCH_SCALE ?= 10000
 bench: setup
 	$(PY) bench/citations.py
 	$(PY) bench/retrieval.py
+	$(PY) bench/html_lines.py eval/documents tests/fixtures/documents
 	$(PY) bench/search.py --scale $(BENCH_SCALE) --vectors random clustered real
 	$(PY) bench/ttft.py --scale $(BENCH_SCALE)
 	$(PY) bench/relay.py --streams 1 100
