@@ -90,6 +90,9 @@ class RetrievedChunk:
     location: SourceLocation = SourceLocation()
     document_sha256: str = ""
     indexed_time: datetime | None = None
+    # HTML: where the text's lines of the file change, (offset into text, line) pairs
+    # flattened, so that a quote can name its own lines; empty elsewhere.
+    line_marks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -176,6 +176,8 @@ class Chunk(Base):
     # DOCX only: 1-based numbers of the body's non-empty paragraphs the chunk spans.
     paragraph_start: Mapped[int | None] = mapped_column(Integer)
     paragraph_end: Mapped[int | None] = mapped_column(Integer)
+    # HTML: (offset into text, line of the file) pairs, flattened (migration 0008).
+    line_marks: Mapped[list[int] | None] = mapped_column(ARRAY(Integer))
     # Kept in the row (storage MAIN, migration 0007) so exact search reads no TOAST.
     embedding: Mapped[list[float]] = mapped_column(Vector(EMBEDDING_DIM))
     tsv: Mapped[str] = mapped_column(

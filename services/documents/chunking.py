@@ -35,6 +35,9 @@ class Chunk:
     end_byte: int = 0
     paragraph_start: int | None = None
     paragraph_end: int | None = None
+    # Where the text's lines of the file change, as (offset into text, line) pairs flattened;
+    # empty where the text's own line breaks give them (plain text, Markdown) or there are none.
+    line_marks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,7 @@ def chunk(
                 end_byte=locate.byte(end),
                 paragraph_start=paragraph_start,
                 paragraph_end=paragraph_end,
+                line_marks=locate.marks(start, end),
             )
         )
     return chunks
@@ -268,6 +272,17 @@ class _Locator:
             self._byte += len(self._text[self._cp : offset].encode("utf-8", "surrogatepass"))
         self._cp = offset
         return self._byte
+
+    def marks(self, start: int, end: int) -> tuple[int, ...]:
+        """The line marks of text[start:end], offsets made relative to start, flattened; the
+        first says the line at start. Empty where the text's line breaks are the file's."""
+        if not self._kind_has_lines or not self._marks:
+            return ()
+        first = max(bisect.bisect_right(self._mark_offsets, start) - 1, 0)
+        last = bisect.bisect_left(self._mark_offsets, end)
+        pairs = [(0, self._marks[first].line)]
+        pairs += [(m.offset - start, m.line) for m in self._marks[first + 1 : last]]
+        return tuple(value for pair in pairs for value in pair)
 
     def line(self, offset: int) -> int:
         if not self._kind_has_lines:

@@ -366,6 +366,7 @@ def write_chunks(
             context=chunk_context(p, title),
             paragraph_start=p.paragraph_start,
             paragraph_end=p.paragraph_end,
+            line_marks=list(p.line_marks) or None,
             embedding=v,
         )
         for p, v in zip(pieces, vectors, strict=True)

@@ -279,6 +279,7 @@ class AnswerEvidence:
                 window.start,
                 window.end,
                 source.chunk.content_type,
+                source.chunk.line_marks,
             ),
             support_score=round(score, 4),
             verdict=verdict_for(score, calibration),

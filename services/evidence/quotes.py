@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.citations import SourceLocation
@@ -52,23 +54,30 @@ def windows_of(sentences: list[tuple[int, int]], text: str = "") -> list[Window]
 
 
 # The formats whose extracted text is the file, line for line. In HTML the extracted text's line
-# breaks are not the markup's (a paragraph over five lines of markup is one line of text), so a
-# quote there keeps the chunk's lines, which hold it: counted from the text, 25 of 25 quotes of
-# two HTML manuals were given lines 1 to 15 above their own.
+# breaks are not the markup's (a paragraph over five lines of markup is one line of text):
+# counted from the text, 25 of 25 quotes of two HTML manuals were given lines 1 to 15 above their
+# own. There a quote's lines come from the chunk's line marks, or are the chunk's lines (which
+# hold it) for a chunk stored without them.
 LINES_ARE_THE_TEXTS = frozenset(
     {DocumentKind.TEXT.content_type, DocumentKind.MARKDOWN.content_type}
 )
 
 
 def quote_location(
-    chunk_text: str, location: SourceLocation, start: int, end: int, content_type: str
+    chunk_text: str,
+    location: SourceLocation,
+    start: int,
+    end: int,
+    content_type: str,
+    line_marks: Sequence[int] = (),
 ) -> SourceLocation:
     """Where chunk_text[start:end] sits in the document, given where the chunk sits.
 
-    Offsets move by the quote's position in the chunk, in code points and in UTF-8 bytes; lines
+    Offsets move by the quote's position in the chunk, in code points and in UTF-8 bytes. Lines
     move by the line breaks before it where the text's lines are the file's (plain text,
-    Markdown), and stay the chunk's elsewhere. Pages and heading stay the chunk's: a chunk does
-    not record where its pages break.
+    Markdown), are read from line_marks (the chunk's (offset, line) pairs, flattened) where
+    given, and stay the chunk's otherwise. Pages and heading stay the chunk's: a chunk does not
+    record where its pages break.
     """
     before = chunk_text[:start]
     quote = chunk_text[start:end]
@@ -76,6 +85,10 @@ def quote_location(
     if start_line and content_type in LINES_ARE_THE_TEXTS:
         start_line += before.count("\n")
         end_line = start_line + quote.count("\n")
+    elif start_line and line_marks:
+        offsets, lines = line_marks[0::2], line_marks[1::2]
+        start_line = lines[max(bisect.bisect_right(offsets, start) - 1, 0)]
+        end_line = lines[max(bisect.bisect_right(offsets, max(start, end - 1)) - 1, 0)]
     has_bytes = location.end_byte > 0
     start_byte = location.start_byte + len(before.encode("utf-8", "surrogatepass"))
     end_byte = start_byte + len(quote.encode("utf-8", "surrogatepass"))

@@ -90,7 +90,7 @@ CANDIDATE_COLUMNS = """
     c.id, c.document_id, d.display_name, d.content_type, c.chunk_index, c.text,
     c.start_offset, c.end_offset, c.start_byte, c.end_byte, c.start_line, c.end_line,
     c.page_start, c.page_end, c.paragraph_start, c.paragraph_end, c.heading_path,
-    d.sha256, d.indexed_time
+    c.line_marks, d.sha256, d.indexed_time
 """
 
 # A document is searched unless an older READY document of the same assistant holds the same
@@ -580,4 +580,5 @@ def to_retrieved(r: Row[Any], score: float) -> RetrievedChunk:
         ),
         document_sha256=r.sha256,
         indexed_time=r.indexed_time,
+        line_marks=tuple(r.line_marks or ()),
     )

@@ -130,6 +130,22 @@ def test_generated_html_lines_hold_their_text(max_chars: int) -> None:
         assert holder.start_line <= line_of(word) <= holder.end_line, (word, holder)
 
 
+def test_html_chunks_carry_their_line_marks() -> None:
+    lines = GENERATED.split("\n")
+    html_chunks = chunk(parse(GENERATED.encode(), "text/html"), max_chars=80, overlap_chars=0)
+    for c in html_chunks:
+        offsets, marked = c.line_marks[0::2], c.line_marks[1::2]
+        assert offsets[0] == 0 and marked[0] == c.start_line and marked[-1] <= c.end_line
+        assert list(offsets) == sorted(offsets) and all(o < len(c.text) for o in offsets)
+        # Each marked piece of text starts on its line of the markup.
+        for offset, line in zip(offsets, marked, strict=True):
+            word = WORD.search(c.text, offset)
+            if word is not None and word.start() - offset < 3:
+                assert word.group() in visible_text(lines, line, line + 1), (word.group(), line)
+    text_chunks = chunk(parse(PLAIN.encode(), "text/plain"), max_chars=80, overlap_chars=0)
+    assert all(c.line_marks == () for c in text_chunks)
+
+
 def test_heading_permalinks_are_not_text() -> None:
     extracted = parse(GENERATED.encode(), "text/html")
     assert [h.title for h in extracted.headings] == ["Python policy", "Versions", "Errors"]

@@ -68,6 +68,13 @@ def test_an_html_quote_keeps_the_chunks_lines() -> None:
         end_line=piece.end_line,
     )
     q_start = piece.text.index("Last")
+    # The chunk's line marks place it on its own line; a chunk stored without them gives its
+    # own lines, which hold it.
+    got = quote_location(piece.text, loc, q_start, q_start + 5, "text/html", piece.line_marks)
+    assert (got.start_line, got.end_line) == (2, 2)
+    middle = piece.text.index("Middle")
+    got = quote_location(piece.text, loc, middle, middle + 7, "text/html", piece.line_marks)
+    assert (got.start_line, got.end_line) == (1, 1)
     got = quote_location(piece.text, loc, q_start, q_start + 5, "text/html")
     assert (got.start_line, got.end_line) == (piece.start_line, piece.end_line) == (1, 2)
     # Counted from the text, "Last." would sit on line 7 of a file of two lines.
