@@ -39,8 +39,11 @@ MAIN_TREE = Path("/tmp/fnbench-main")
 
 
 @contextlib.contextmanager
-def main_tree(revision: str | None = None, tree: Path = MAIN_TREE) -> Iterator[Path]:
-    """The code at revision (default: this branch's merge base with main), with its own stubs."""
+def main_tree(
+    revision: str | None = None, tree: Path = MAIN_TREE, *, newer_migrations: bool = False
+) -> Iterator[Path]:
+    """The code at revision (default: this branch's merge base with main), with its own stubs;
+    with newer_migrations, also this tree's migrations that revision lacks."""
     shutil.rmtree(tree, ignore_errors=True)
     tree.mkdir(parents=True)
     git = ["git", "-C", str(ROOT)]
@@ -48,6 +51,15 @@ def main_tree(revision: str | None = None, tree: Path = MAIN_TREE) -> Iterator[P
     base = subprocess.run(which, check=True, capture_output=True, text=True).stdout.strip()
     archive = subprocess.run([*git, "archive", base], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    # A server brings the schema to head at start, and alembic stops at a revision it has no
+    # script for: a baseline that shares a database with this tree (bench/ttft.py --compare)
+    # gets this tree's newer migrations, so that it starts on the schema this tree migrated
+    # (columns added since are nullable, and older code ignores them). A baseline with a
+    # database of its own (this script's) keeps its own schema.
+    versions = Path("services/db/migrations/versions")
+    for script in sorted((ROOT / versions).glob("*.py")) if newer_migrations else ():
+        if not (tree / versions / script.name).exists():
+            shutil.copy(script, tree / versions / script.name)
     import grpc_tools
 
     protos = sorted(str(p.relative_to(tree / "proto")) for p in tree.glob("proto/**/*.proto"))

@@ -328,7 +328,9 @@ async def main() -> None:
         with contextlib.ExitStack() as running:
             trees = [None]
             if args.compare or args.server:
-                tree = running.enter_context(main_tree(args.compare or args.server, SERVER_TREE))
+                tree = running.enter_context(
+                    main_tree(args.compare or args.server, SERVER_TREE, newer_migrations=True)
+                )
                 trees = [None, tree] if args.compare else [tree]
             llm = running.enter_context(upstream(20, args.first_delay_ms))
             targets = [
