@@ -273,14 +273,7 @@ class AnswerEvidence:
         return Evidence(
             source_index=source.index,
             quote=source.text[window.start : window.end],
-            location=quote_location(
-                source.text,
-                source.chunk.location,
-                window.start,
-                window.end,
-                source.chunk.content_type,
-                source.chunk.line_marks,
-            ),
+            location=quote_location(source.chunk, window.start, window.end),
             support_score=round(score, 4),
             verdict=verdict_for(score, calibration),
             origin=origin,

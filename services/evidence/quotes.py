@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.citations import SourceLocation
+from services.citations import RetrievedChunk, SourceLocation
 from services.citations.spans import sentence_ranges
 from services.documents.extracted import DocumentKind
 
@@ -63,30 +62,24 @@ LINES_ARE_THE_TEXTS = frozenset(
 )
 
 
-def quote_location(
-    chunk_text: str,
-    location: SourceLocation,
-    start: int,
-    end: int,
-    content_type: str,
-    line_marks: Sequence[int] = (),
-) -> SourceLocation:
-    """Where chunk_text[start:end] sits in the document, given where the chunk sits.
+def quote_location(chunk: RetrievedChunk, start: int, end: int) -> SourceLocation:
+    """Where chunk.text[start:end] sits in the document, given where the chunk sits.
 
     Offsets move by the quote's position in the chunk, in code points and in UTF-8 bytes. Lines
     move by the line breaks before it where the text's lines are the file's (plain text,
-    Markdown), are read from line_marks (the chunk's (offset, line) pairs, flattened) where
-    given, and stay the chunk's otherwise. Pages and heading stay the chunk's: a chunk does not
-    record where its pages break.
+    Markdown), are read from the chunk's line marks ((offset, line) pairs, flattened) where it
+    has them, and stay the chunk's otherwise. Pages and heading stay the chunk's: a chunk does
+    not record where its pages break.
     """
-    before = chunk_text[:start]
-    quote = chunk_text[start:end]
+    location, marks = chunk.location, chunk.line_marks
+    before = chunk.text[:start]
+    quote = chunk.text[start:end]
     start_line, end_line = location.start_line, location.end_line
-    if start_line and content_type in LINES_ARE_THE_TEXTS:
+    if start_line and chunk.content_type in LINES_ARE_THE_TEXTS:
         start_line += before.count("\n")
         end_line = start_line + quote.count("\n")
-    elif start_line and line_marks:
-        offsets, lines = line_marks[0::2], line_marks[1::2]
+    elif start_line and marks:
+        offsets, lines = marks[0::2], marks[1::2]
         start_line = lines[max(bisect.bisect_right(offsets, start) - 1, 0)]
         end_line = lines[max(bisect.bisect_right(offsets, max(start, end - 1)) - 1, 0)]
     has_bytes = location.end_byte > 0

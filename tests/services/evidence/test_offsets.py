@@ -3,7 +3,13 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.citations import SourceLocation, answer_sentences, extract
+from services.citations import (
+    RetrievedChunk,
+    ScoreKind,
+    SourceLocation,
+    answer_sentences,
+    extract,
+)
 from services.citations.spans import ByteOffsets
 from services.documents.chunking import chunk
 from services.documents.extracted import DocumentKind, ExtractedText
@@ -33,6 +39,23 @@ def test_byte_offsets_in_any_order(text: str, offsets: list[int]) -> None:
         assert at(offset) == len(text[:offset].encode("utf-8", "surrogatepass"))
 
 
+def chunk_at(
+    text: str, location: SourceLocation, content_type: str, line_marks: tuple[int, ...] = ()
+) -> RetrievedChunk:
+    return RetrievedChunk(
+        chunk_id="c",
+        document_id="d",
+        document_name="doc",
+        content_type=content_type,
+        chunk_index=0,
+        text=text,
+        score=1.0,
+        score_kind=ScoreKind.FUSED,
+        location=location,
+        line_marks=line_marks,
+    )
+
+
 def test_quote_location_moves_offsets_lines_and_bytes() -> None:
     document = "Intro ☕ line.\nÀ Tōkyō, 東京.\nLe café coûte 500 円 ☕.\nEnd."
     start = document.index("À")
@@ -48,7 +71,7 @@ def test_quote_location_moves_offsets_lines_and_bytes() -> None:
     )
     q_start = chunk_text.index("Le café")
     q_end = chunk_text.index("☕.") + 2
-    got = quote_location(chunk_text, loc, q_start, q_end, "text/plain")
+    got = quote_location(chunk_at(chunk_text, loc, "text/plain"), q_start, q_end)
     quote = chunk_text[q_start:q_end]
     assert document[got.start_offset : got.end_offset] == quote
     assert document.encode()[got.start_byte : got.end_byte] == quote.encode()
@@ -68,22 +91,26 @@ def test_an_html_quote_keeps_the_chunks_lines() -> None:
         end_line=piece.end_line,
     )
     q_start = piece.text.index("Last")
+    marked = chunk_at(piece.text, loc, "text/html", piece.line_marks)
     # The chunk's line marks place it on its own line; a chunk stored without them gives its
     # own lines, which hold it.
-    got = quote_location(piece.text, loc, q_start, q_start + 5, "text/html", piece.line_marks)
+    got = quote_location(marked, q_start, q_start + 5)
     assert (got.start_line, got.end_line) == (2, 2)
     middle = piece.text.index("Middle")
-    got = quote_location(piece.text, loc, middle, middle + 7, "text/html", piece.line_marks)
+    got = quote_location(marked, middle, middle + 7)
     assert (got.start_line, got.end_line) == (1, 1)
-    got = quote_location(piece.text, loc, q_start, q_start + 5, "text/html")
+    got = quote_location(chunk_at(piece.text, loc, "text/html"), q_start, q_start + 5)
     assert (got.start_line, got.end_line) == (piece.start_line, piece.end_line) == (1, 2)
     # Counted from the text, "Last." would sit on line 7 of a file of two lines.
-    assert quote_location(piece.text, loc, q_start, q_start + 5, "text/plain").start_line == 7
+    assert (
+        quote_location(chunk_at(piece.text, loc, "text/plain"), q_start, q_start + 5).start_line
+        == 7
+    )
 
 
 def test_quote_location_without_recorded_bytes_reports_none() -> None:
     loc = SourceLocation(start_offset=10, end_offset=20, start_line=1, end_line=1)
-    got = quote_location("café au lait", loc, 5, 7, "text/plain")
+    got = quote_location(chunk_at("café au lait", loc, "text/plain"), 5, 7)
     assert (got.start_offset, got.end_offset, got.start_byte, got.end_byte) == (15, 17, 0, 0)
 
 
