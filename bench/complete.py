@@ -57,9 +57,10 @@ def main_tree(
     # (columns added since are nullable, and older code ignores them). A baseline with a
     # database of its own (this script's) keeps its own schema.
     versions = Path("services/db/migrations/versions")
-    for script in sorted((ROOT / versions).glob("*.py")) if newer_migrations else ():
-        if not (tree / versions / script.name).exists():
-            shutil.copy(script, tree / versions / script.name)
+    if newer_migrations:
+        for script in sorted((ROOT / versions).glob("*.py")):
+            if not (tree / versions / script.name).exists():
+                shutil.copy(script, tree / versions / script.name)
     import grpc_tools
 
     protos = sorted(str(p.relative_to(tree / "proto")) for p in tree.glob("proto/**/*.proto"))
