@@ -11,7 +11,9 @@ The corpus (bench/corpus.py) is kept under /tmp/fnbench between runs. Printed:
 - where the time goes: the vector query, the full-text query (each on its own, outside a
   transaction, the way `search` runs them) and fusion;
 - recall@10 of the vector query against exact search (no index) on the same vectors, under
-  the tenant and assistant filters, for the large assistant and for a tenth-size one (with
+  the tenant and assistant filters, as the server searches (an assistant whose HNSW walk
+  misses is searched exactly in memory, `--vector-memory-mb`) and through HNSW alone at each
+  `--ef-search`, for the large assistant and for a tenth-size one (with
   questions near its own documents, and with the large one's, which are off its topics);
   at 1M chunks the tenth-size assistants have vector indexes of their own, built as the
   worker builds them (services/retrieval/indexes.py);
@@ -43,8 +45,10 @@ import corpus
 from harness import percentile
 
 from services.citations.spans import sentence_ranges
+from services.config import Settings
 from services.db.session import Database, make_engine
 from services.retrieval import search as current
+from services.retrieval import vector_memory
 from services.retrieval.embeddings import create_embedder
 
 # The search as it was before this benchmark's changes: the baseline of every ratio.
@@ -278,9 +282,11 @@ TIE = 1e-6
 
 def recall(db, tenant_id, assistant_id, questions, truth, ef_search):
     """Mean recall@10 at this ef_search (ties with the tenth neighbour count), and the vector
-    query's p50 time."""
-    # The breadth asked for, whatever the size of the assistant.
-    current.EF_SEARCH = current.LARGE_EF_SEARCH = ef_search
+    query's p50 time. ef_search is (EF_SEARCH, LARGE_EF_SEARCH) as the server has them, or one
+    breadth asked for whatever the size of the assistant."""
+    if isinstance(ef_search, int):
+        ef_search = (ef_search, ef_search)
+    current.EF_SEARCH, current.LARGE_EF_SEARCH = ef_search
     found, timings = [], []
     for (_, v), expected in zip(questions, truth, strict=True):
         began = time.perf_counter()
@@ -325,6 +331,13 @@ async def main() -> None:
         help="other questions searched first, not timed: a freshly started Postgres reads each"
         " page a search touches from the OS, where a running server has them in its buffers",
     )
+    parser.add_argument(
+        "--vector-memory-mb",
+        type=int,
+        default=Settings.model_fields["vector_memory_mb"].default,
+        help="FOOTNOTE_VECTOR_MEMORY_MB (default %(default)s): assistants whose HNSW walk misses"
+        " are searched exactly in memory (services/retrieval/vector_memory.py); 0 for HNSW alone",
+    )
     parser.add_argument("--database-url", help="a built corpus database, instead of starting one")
     args = parser.parse_args()
 
@@ -352,7 +365,7 @@ async def main() -> None:
 
 async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
     db = Database(make_engine(c.url, pool_size=4))
-    current.configure(ef_search=args.hybrid_ef_search)
+    current.configure(ef_search=args.hybrid_ef_search, vector_memory_mb=args.vector_memory_mb)
     try:
         asked = [
             (q, [float(x) for x in v]) for q, v in corpus.questions(args.queries + args.warm_up, c)
@@ -371,8 +384,18 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
             f"top_k {TOP_K}, {len(questions)} questions ({args.previous_queries} for the "
             f"previous search), ef_search {walked}"
         )
-        # Other questions first, so that the timed ones read from a warm cache.
+        # Other questions first, so that the timed ones read from a warm cache; and the first
+        # search of the assistant starts loading its vectors into memory, checked against HNSW.
         await time_current(db, c, warm)
+        if current.MEMORY is not None:
+            current.MEMORY.wait_idle(600)
+            held = current.MEMORY.held_bytes()
+            print(
+                f"  held in memory: {held / 2**20:.0f} MB (exact search)"
+                if held
+                else "  held in memory: nothing (HNSW serves: its walk found enough, or the"
+                " assistant is larger than --vector-memory-mb)"
+            )
         await time_previous(db, c, questions[:3])
         previous = await time_previous(db, c, questions[: args.previous_queries])
         now = await time_current(db, c, questions)
@@ -399,12 +422,23 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
         if own is rq:
             sets.pop(1)
         sets = [(a, q, label, truths(db, c.tenant_id, a, q)) for a, q, label in sets]
-        for ef in args.ef_search:
+        rows = [("as served", chosen)] + [
+            (f"HNSW alone, ef_search {ef:4d}", ef) for ef in args.ef_search
+        ]
+        memory = current.MEMORY
+        for name, ef in rows:
+            current.MEMORY = memory if name == "as served" else None
             found = []
             for assistant, qs, label, truth in sets:
+                if current.MEMORY is not None:
+                    # As many questions as a load waits for (the index is checked on them).
+                    asked = vector_memory.ASKED_BEFORE_LOAD
+                    recall(db, c.tenant_id, assistant, qs[:asked], truth[:asked], ef)
+                    current.MEMORY.wait_idle(600)
                 r, t = recall(db, c.tenant_id, assistant, qs, truth, ef)
                 found.append(f"{r:.3f} ({label}, p50 {ms(t)})")
-            print(f"  ef_search {ef:4d}: " + "   ".join(found))
+            print(f"  {name}: " + "   ".join(found))
+        current.MEMORY = memory
         current.EF_SEARCH, current.LARGE_EF_SEARCH = chosen
         if c.vectors == "real":
             measure_known_items(db, c)

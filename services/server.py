@@ -43,6 +43,11 @@ from services.http import create_http_app, start_http
 from services.llm.base import Generator
 from services.llm.factory import create_generator
 from services.observability.interceptor import ObservabilityInterceptor
+from services.observability.metrics import (
+    VECTOR_MEMORY_ASSISTANTS,
+    VECTOR_MEMORY_BYTES,
+    VECTOR_SEARCHES,
+)
 from services.observability.tracing import flush_tracing, setup_tracing
 from services.ports import free_port
 from services.retrieval import search as searching
@@ -165,6 +170,9 @@ def create_server(settings: Settings, deps: Deps) -> tuple[grpc.aio.Server, int]
         ConversationsServicer(deps.conversations), server
     )
     health_pb2_grpc.add_HealthServicer_to_server(deps.health, server)
+    searching.report_vector_searches(lambda path: VECTOR_SEARCHES.labels(path).inc())
+    VECTOR_MEMORY_BYTES.set_function(lambda: searching.memory_held()[0])
+    VECTOR_MEMORY_ASSISTANTS.set_function(lambda: searching.memory_held()[1])
     reflection.enable_server_reflection(
         (
             *SERVICE_NAMES,
@@ -198,7 +206,9 @@ async def serve(
         # Links name the HTTP port, so it must be known before anything is served.
         settings = settings.model_copy(update={"http_port": free_port(settings.grpc_host)})
     setup_tracing("footnote-server")
-    searching.configure(ef_search=settings.hnsw_ef_search)
+    searching.configure(
+        ef_search=settings.hnsw_ef_search, vector_memory_mb=settings.vector_memory_mb
+    )
     deps = Deps.from_settings(settings)
     await asyncio.to_thread(deps.storage.ensure_bucket)
     server, port = create_server(settings, deps)

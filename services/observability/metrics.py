@@ -72,3 +72,19 @@ class StreamStats:
 
     def completed(self) -> None:
         CHAT_DELTAS_PER_STREAM.observe(self.deltas)
+
+
+VECTOR_SEARCHES = Counter(
+    "footnote_vector_searches",
+    "Vector searches, by how each was answered: exact (in Postgres, a small assistant),"
+    " index (HNSW), memory (exact, over the assistant's vectors held in memory).",
+    ["path"],
+)
+VECTOR_MEMORY_BYTES = Gauge(
+    "footnote_vector_memory_bytes",
+    "Bytes of assistants' vectors held in memory for exact search (FOOTNOTE_VECTOR_MEMORY_MB).",
+)
+VECTOR_MEMORY_ASSISTANTS = Gauge(
+    "footnote_vector_memory_assistants",
+    "Assistants whose vectors are held in memory for exact search.",
+)

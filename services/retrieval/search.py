@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 from pgvector import Vector
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
@@ -32,6 +33,7 @@ from services.observability.tracing import traced
 from services.retrieval import fusion, indexes
 from services.retrieval.fusion import diversify, fuse, normalize_score
 from services.retrieval.table_stats import term_frequencies
+from services.retrieval.vector_memory import DIGEST, Digest, VectorMemory
 
 # HNSW keeps this many candidates while it walks the graph. On 100k clustered vectors (shaped
 # like embeddings of documents) and the index of migration 0007, recall@10 against exact
@@ -54,6 +56,18 @@ LARGE_EF_SEARCH = 300
 # the index over every chunk when it holds most (a filtered scan of that index over a small
 # share of the table finds little); exactly while its own index is being built.
 EXACT_MAX_CHUNKS = 5_000
+# An assistant searched through HNSW is searched exactly, in memory, once its vectors are held
+# there (vector_memory.py); None, as in tools and tests that do not configure it: never.
+MEMORY: VectorMemory | None = None
+
+
+def _uncounted(path: str) -> None:
+    pass
+
+
+# Told how each vector search was answered ("exact", "index" or "memory"): the server counts
+# them (`report_vector_searches`); workers import this module and record no frontend series.
+ON_VECTOR_SEARCH: Callable[[str], None] = _uncounted
 # How long an assistant's chunk count (and whether its own index is there) is trusted.
 CHUNK_COUNT_SECONDS = 60.0
 # Full text ranks at most this many matching rows: the question's rarest terms are kept while
@@ -153,6 +167,26 @@ EXACT_VECTOR_SQL = text(
     )
     SELECT {CANDIDATE_COLUMNS}, 1 - n.distance AS similarity
     FROM nearest n JOIN chunks c ON c.id = n.id JOIN documents d ON d.id = c.document_id
+    """
+)
+
+# The chunks found in memory (vector_memory.py), ranked by their stored vectors with the rows
+# of the best :limit read, and the digest of the assistant's documents now: the copy they were
+# found in is the assistant's only while the digest is the copy's. Ties at the cut are all kept
+# (vector_candidates orders them by stable keys), whatever order the copy was loaded in.
+HELD_VECTOR_SQL = text(
+    f"""
+    WITH now AS MATERIALIZED ({DIGEST}), nearest AS MATERIALIZED (
+      SELECT c.id, c.embedding <=> CAST(:query AS vector) AS distance
+      FROM chunks c
+      WHERE c.id = ANY(CAST(:ids AS uuid[]))
+        AND c.tenant_id = :tenant AND c.assistant_id = :assistant
+      ORDER BY distance FETCH FIRST :limit ROWS WITH TIES
+    )
+    SELECT {CANDIDATE_COLUMNS}, 1 - n.distance AS similarity, w.documents AS held_documents,
+           w.digest AS held_digest
+    FROM nearest n JOIN chunks c ON c.id = n.id JOIN documents d ON d.id = c.document_id
+    CROSS JOIN now w
     """
 )
 
@@ -309,8 +343,31 @@ def vector_candidates(
 ) -> list[Row[Any]]:
     """The nearest chunks by cosine, most similar first."""
     size = assistant_size(s, tenant_id, assistant_id)
+    rows = None
+    if not size.exact:
+        rows = held_candidates(s, tenant_id, assistant_id, size, query_vector, limit)
+    path = "memory" if rows is not None else "exact" if size.exact else "index"
+    if rows is None:
+        rows = stored_candidates(s, tenant_id, assistant_id, size, query_vector, limit)
+    ON_VECTOR_SEARCH(path)
+    # relaxed_order may return rows slightly out of order; the ranking must be exact.
+    most_similar_first = [-r.similarity for r in rows]
+    order = sorted(range(len(rows)), key=most_similar_first.__getitem__)
+    order = ties_broken(order, most_similar_first.__getitem__, lambda n: stable_key(rows[n]))
+    return [rows[n] for n in order[:limit]]
+
+
+def stored_candidates(
+    s: Session,
+    tenant_id: str,
+    assistant_id: str,
+    size: AssistantSize,
+    query_vector: Sequence[float],
+    limit: int,
+) -> list[Row[Any]]:
+    """The nearest chunks by exact search or HNSW in Postgres, as the assistant's size says."""
     use_search_settings(s, ef_search_for(size.index_chunks))
-    rows = s.execute(
+    return s.execute(
         EXACT_VECTOR_SQL if size.exact else VECTOR_SQL,
         {
             "tenant": tenant_id,
@@ -319,17 +376,75 @@ def vector_candidates(
             "limit": limit,
         },
     ).all()
-    # relaxed_order may return rows slightly out of order; the ranking must be exact.
-    most_similar_first = [-r.similarity for r in rows]
-    order = sorted(range(len(rows)), key=most_similar_first.__getitem__)
-    order = ties_broken(order, most_similar_first.__getitem__, lambda n: stable_key(rows[n]))
-    return [rows[n] for n in order]
 
 
-def configure(*, ef_search: int) -> None:
-    """This process's HNSW search breadth; each pooled connection takes it on its next search."""
-    global EF_SEARCH
+def index_walk(
+    s: Session, tenant_id: str, assistant_id: str, query_vector: Sequence[float], limit: int
+) -> list[float]:
+    """The cosines of the chunks the vector query finds through HNSW (vector_memory.Walk)."""
+    size = assistant_size(s, tenant_id, assistant_id)
+    hnsw = AssistantSize(size.chunks, exact=False, index_chunks=size.index_chunks)
+    rows = stored_candidates(s, tenant_id, assistant_id, hnsw, query_vector, limit)
+    return [float(r.similarity) for r in rows]
+
+
+def held_candidates(
+    s: Session,
+    tenant_id: str,
+    assistant_id: str,
+    size: AssistantSize,
+    query_vector: Sequence[float],
+    limit: int,
+) -> list[Row[Any]] | None:
+    """The nearest chunks by exact search over the assistant's vectors in memory, unordered;
+    None when they are not held (a load is started if they fit) or the copy is stale."""
+    if MEMORY is None:
+        return None
+    engine = s.get_bind().engine
+    query = np.asarray(query_vector, dtype=np.float32)
+    held = MEMORY.get(engine, tenant_id, assistant_id, size.chunks, query)
+    if held is None or held.dim != len(query):
+        return None
+    ids = held.candidates(query, limit)
+    if not ids:
+        return None
+    rows = s.execute(
+        HELD_VECTOR_SQL,
+        {
+            "tenant": tenant_id,
+            "assistant": uuid.UUID(assistant_id),
+            "ids": ids,
+            "query": vector_parameter(s, query_vector),
+            "limit": limit,
+        },
+    ).all()
+    if not rows or Digest(rows[0].held_documents, int(rows[0].held_digest)) != held.digest:
+        held.stale = True  # the next search starts a fresh load, if none ran lately
+        return None
+    return rows
+
+
+def configure(*, ef_search: int, vector_memory_mb: int = 0) -> None:
+    """This process's HNSW search breadth (each pooled connection takes it on its next search)
+    and the memory it may hold assistants' vectors in (0: none)."""
+    global EF_SEARCH, MEMORY
     EF_SEARCH = ef_search
+    if MEMORY is not None:
+        MEMORY.close()
+    MEMORY = None
+    if vector_memory_mb > 0:
+        MEMORY = VectorMemory(vector_memory_mb * 2**20, SEARCHABLE, index_walk)
+
+
+def report_vector_searches(to: Callable[[str], None]) -> None:
+    """Has `to` told how each vector search of this process is answered."""
+    global ON_VECTOR_SEARCH
+    ON_VECTOR_SEARCH = to
+
+
+def memory_held() -> tuple[int, int]:
+    """The bytes and the assistants held in memory for exact search."""
+    return (0, 0) if MEMORY is None else MEMORY.held()
 
 
 def ef_search_for(index_chunks: int) -> int:

@@ -396,6 +396,9 @@ async def test_the_server_exposes_every_series_after_an_upload_and_a_chat(stack,
     assert value(scraped, "footnote_chat_deltas_per_stream_count") >= 1
     assert value(scraped, "footnote_chat_deltas_per_stream_sum") >= 1
     assert value(scraped, "footnote_retrieval_duration_seconds_count") >= 2
+    assert value(scraped, "footnote_vector_searches_total", path="exact") >= 2
+    assert value(scraped, "footnote_vector_memory_bytes") == 0  # small assistants only
+    assert value(scraped, "footnote_vector_memory_assistants") == 0
     assert value(scraped, "footnote_llm_time_to_first_token_seconds_count") >= 1
     assert value(scraped, "footnote_llm_errors_total", reason="LLM_UNAVAILABLE") >= 1
     assert value(scraped, "footnote_documents", state="READY") >= 1

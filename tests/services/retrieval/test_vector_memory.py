@@ -1,0 +1,323 @@
+"""Exact vector search over assistants' vectors held in memory (vector_memory.py), on chunks
+indexed by the real pipeline: the same chunks as exact search in Postgres, never a deleted
+document's, a new document's at once."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+from sqlalchemy import text
+
+from footnote.v1 import documents_service_pb2 as pb
+from footnote.v1 import documents_service_pb2_grpc as pb_grpc
+from services.retrieval import indexes, vector_memory
+from services.retrieval import search as searching
+from services.retrieval.embeddings import create_embedder
+from services.retrieval.vector_memory import Digest, HeldAssistant, VectorMemory
+from tests.services.retrieval.test_search import COFFEE, LEAVE, THIRD, make_assistant
+from tests.support import bearer, ingest
+
+pytestmark = pytest.mark.usefixtures("worker")
+
+QUESTION = "How many days of annual leave?"
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return create_embedder()
+
+
+@pytest.fixture
+def memory(monkeypatch):
+    """A memory of 64 MB searching every assistant that HNSW would (here: all of them), loading
+    it at its first question, holding it whatever its index finds, and loading a stale copy
+    again at once."""
+    monkeypatch.setattr(searching, "EXACT_MAX_CHUNKS", -1)
+    monkeypatch.setattr(indexes, "MAX_SHARE", 0.0)
+    monkeypatch.setattr(vector_memory, "RELOAD_SECONDS", 0.0)
+    monkeypatch.setattr(vector_memory, "GOOD_RECALL", 1.01)
+    monkeypatch.setattr(vector_memory, "ASKED_BEFORE_LOAD", 1)
+    held = VectorMemory(64 * 2**20, searching.SEARCHABLE, searching.index_walk)
+    monkeypatch.setattr(searching, "MEMORY", held)
+    searching._sizes.clear()
+    yield held
+    held.close()
+    searching._sizes.clear()
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """Records, per vector search, whether memory answered it."""
+    answered: list[bool] = []
+    original = searching.held_candidates
+
+    def recorded(*args, **kwargs):
+        rows = original(*args, **kwargs)
+        answered.append(rows is not None)
+        return rows
+
+    monkeypatch.setattr(searching, "held_candidates", recorded)
+    return answered
+
+
+def nearest(db, embedder, tenant, assistant, question=QUESTION, limit=8):
+    vector = embedder.embed_query(question)
+    rows = db.read(lambda s: searching.vector_candidates(s, tenant, assistant, vector, limit))
+    return [(r.id, r.similarity) for r in rows]
+
+
+def same(found, expected) -> bool:
+    """The same chunks in the same order, at the same cosines (to float32's precision)."""
+    return [i for i, _ in found] == [i for i, _ in expected] and [
+        s for _, s in found
+    ] == pytest.approx([s for _, s in expected], abs=1e-5)
+
+
+def exact(db, embedder, tenant, assistant, question=QUESTION, limit=8):
+    """The same search through Postgres's exact query."""
+    held, searching.MEMORY = searching.MEMORY, None
+    searching._sizes.clear()
+    try:
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(searching, "EXACT_MAX_CHUNKS", 10**9)
+            return nearest(db, embedder, tenant, assistant, question, limit)
+    finally:
+        searching.MEMORY = held
+        searching._sizes.clear()
+
+
+def held_search(db, embedder, memory, tenant, assistant, question=QUESTION):
+    """A search once the copy of the assistant is held (the first search starts its load)."""
+    nearest(db, embedder, tenant, assistant, question)
+    assert memory.wait_idle(30)
+    return nearest(db, embedder, tenant, assistant, question)
+
+
+async def documents(channel, make_key, tenant, *files):
+    key = make_key(tenant)
+    assistant = await make_assistant(channel, key)
+    stub = pb_grpc.DocumentsServiceStub(channel)
+    made = [await ingest(stub, key, assistant, name, data) for name, data in files]
+    return key, assistant, stub, made
+
+
+async def test_memory_finds_what_exact_search_finds(
+    channel, make_key, db, embedder, memory, served, monkeypatch
+):
+    tenant = "mem-" + uuid.uuid4().hex[:6]
+    _, assistant, _, _ = await documents(
+        channel, make_key, tenant, ("leave.md", LEAVE), ("kitchen.md", COFFEE)
+    )
+    for question in (QUESTION, "espresso machine", "zzz qqq"):
+        found = held_search(db, embedder, memory, tenant, assistant, question)
+        assert same(found, exact(db, embedder, tenant, assistant, question))
+    assert served[0] is False and served[-1] is True
+    assert memory.held_bytes() > 0
+    assert searching.memory_held() == (memory.held_bytes(), 1)
+    told = []
+    monkeypatch.setattr(searching, "ON_VECTOR_SEARCH", told.append)
+    nearest(db, embedder, tenant, assistant)
+    assert told == ["memory"]
+    # Another tenant naming the same assistant finds nothing, held or not.
+    assert nearest(db, embedder, "someone-else", assistant) == []
+
+
+async def test_a_new_document_is_found_at_once_and_the_copy_is_loaded_again(
+    channel, make_key, db, embedder, memory, served
+):
+    tenant = "memnew-" + uuid.uuid4().hex[:6]
+    key, assistant, stub, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
+    held_search(db, embedder, memory, tenant, assistant)
+    assert served[-1] is True
+
+    travel = await ingest(stub, key, assistant, "travel.md", THIRD)
+    question = "Which flights need approval?"
+    found = nearest(db, embedder, tenant, assistant, question)
+    assert served[-1] is False  # the copy no longer matches the documents
+    assert same(found, exact(db, embedder, tenant, assistant, question))
+    assert found[0][0] in chunk_ids(db, travel.id)
+    # The next search loads a fresh copy, and the one after is answered from it.
+    assert same(held_search(db, embedder, memory, tenant, assistant, question), found)
+    assert served[-1] is True
+
+
+async def test_a_deleted_document_is_never_returned(
+    channel, make_key, db, embedder, memory, served
+):
+    tenant = "memdel-" + uuid.uuid4().hex[:6]
+    key, assistant, stub, (leave, copy, _) = await documents(
+        channel,
+        make_key,
+        tenant,
+        ("leave.md", LEAVE),
+        ("leave (1).md", LEAVE),
+        ("kitchen.md", COFFEE),
+    )
+    before = held_search(db, embedder, memory, tenant, assistant)
+    assert served[-1] is True
+    assert before[0][0] in chunk_ids(db, leave.id)  # the first upload stands for both
+
+    await stub.DeleteDocument(pb.DeleteDocumentRequest(id=leave.id), metadata=bearer(key))
+    after = nearest(db, embedder, tenant, assistant)
+    assert not set(chunk_ids(db, leave.id)) & {i for i, _ in after}
+    assert after[0][0] in chunk_ids(db, copy.id)  # its copy is searched now
+    assert same(held_search(db, embedder, memory, tenant, assistant), after)
+
+
+async def test_the_budget_holds_the_most_recently_searched(
+    channel, make_key, db, embedder, memory, served
+):
+    tenant = "membud-" + uuid.uuid4().hex[:6]
+    _, first, _, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
+    _, second, _, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
+    held_search(db, embedder, memory, tenant, first)
+    one = memory.held_bytes()
+    memory.budget_bytes = one + one // 2  # room for one of the two
+    held_search(db, embedder, memory, tenant, second)
+    assert served[-1] is True
+    assert same(nearest(db, embedder, tenant, first), exact(db, embedder, tenant, first))
+    assert served[-1] is False  # dropped for the second
+    assert memory.held_bytes() <= memory.budget_bytes
+
+    memory.budget_bytes = 0  # an assistant larger than all of it is not loaded
+    searching._sizes.clear()
+    assert memory.wait_idle(30)
+    assert same(nearest(db, embedder, tenant, first), exact(db, embedder, tenant, first))
+    assert memory.wait_idle(30)
+    assert same(nearest(db, embedder, tenant, first), exact(db, embedder, tenant, first))
+    assert served[-2:] == [False, False]
+
+
+async def test_a_failed_load_leaves_search_to_postgres(
+    channel, make_key, db, embedder, memory, served, monkeypatch
+):
+    tenant = "memfail-" + uuid.uuid4().hex[:6]
+    _, assistant, _, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
+
+    def broken(*args):
+        raise RuntimeError("no vectors today")
+
+    monkeypatch.setattr(vector_memory, "load", broken)
+    want = exact(db, embedder, tenant, assistant)
+    assert same(held_search(db, embedder, memory, tenant, assistant), want)
+    assert served == [False, False]
+    assert memory.held_bytes() == 0
+
+
+async def test_an_assistant_its_index_serves_well_is_not_held(
+    channel, make_key, db, embedder, memory, served, monkeypatch
+):
+    tenant = "memgood-" + uuid.uuid4().hex[:6]
+    _, assistant, _, made = await documents(
+        channel, make_key, tenant, ("leave.md", LEAVE), ("kitchen.md", COFFEE)
+    )
+    walked = []
+
+    def walk(*args):
+        walked.append(searching.index_walk(*args))
+        return walked[-1]
+
+    memory.walk = walk
+    monkeypatch.setattr(vector_memory, "GOOD_RECALL", 0.95)
+    held_search(db, embedder, memory, tenant, assistant)
+    # A few chunks: the walk finds every exact neighbour, and the index goes on serving. It
+    # was checked on the question asked and one made from each chunk (fewer than PROBES).
+    chunks = sum(len(chunk_ids(db, d.id)) for d in made)
+    assert len(walked) == 1 + chunks
+    assert served == [False, False] and memory.held_bytes() == 0
+    nearest(db, embedder, tenant, assistant)
+    assert memory.wait_idle(30) and len(walked) == 1 + chunks  # no second load
+
+    # An index that finds nothing: the assistant is held.
+    memory.walk = lambda *args: []
+    memory._index_good.clear()
+    held_search(db, embedder, memory, tenant, assistant)
+    assert served[-1] is True
+
+
+async def test_the_index_is_checked_on_the_questions_asked(
+    channel, make_key, db, embedder, memory, served, monkeypatch
+):
+    tenant = "memask-" + uuid.uuid4().hex[:6]
+    _, assistant, _, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
+    monkeypatch.setattr(vector_memory, "ASKED_BEFORE_LOAD", 3)
+    monkeypatch.setattr(vector_memory, "PROBES", 3)  # all of them asked, none made up
+    walked = []
+
+    def walk(s, tenant_id, assistant_id, vector, limit):
+        walked.append(vector)
+        return searching.index_walk(s, tenant_id, assistant_id, vector, limit)
+
+    memory.walk = walk
+    questions = ["annual leave", "sick days", "When do unused days expire?"]
+    for question in questions[:2]:
+        nearest(db, embedder, tenant, assistant, question)
+    assert memory.wait_idle(30) and walked == []  # too few questions yet
+    held_search(db, embedder, memory, tenant, assistant, questions[2])
+    asked = np.array([embedder.embed_query(q) for q in questions], np.float32)
+    assert np.allclose(np.array(walked, np.float32), asked, atol=1e-6)
+    assert served[-1] is True
+
+
+def chunk_ids(db, document_id):
+    return db.read(
+        lambda s: (
+            s.execute(
+                text("SELECT id FROM chunks WHERE document_id = :d"), {"d": uuid.UUID(document_id)}
+            )
+            .scalars()
+            .all()
+        )
+    )
+
+
+def held(vectors, ids=None) -> HeldAssistant:
+    vectors = np.asarray(vectors, np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = ids or [uuid.uuid4() for _ in vectors]
+    raw = np.frombuffer(b"".join(i.bytes for i in ids), np.uint8).reshape(-1, 16)
+    codes, scales, offsets = vector_memory.encode(vectors)
+    return HeldAssistant(Digest(1, 0), raw, [np.ascontiguousarray(codes.T)], scales, offsets)
+
+
+def test_codes_keep_the_vectors_within_their_rounding():
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((500, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    codes, scales, offsets = vector_memory.encode(vectors)
+    assert codes.dtype == np.int8 and np.abs(codes).max() == 127
+    assert np.abs(codes * scales[:, None] - vectors).max() <= scales.max() / 2 + 1e-7
+    # The scores rank as the cosines do, give or take the rounding.
+    query = rng.standard_normal(384).astype(np.float32)
+    score = (vector_memory.scores([np.ascontiguousarray(codes.T)], query) - offsets) * scales
+    cosine = vectors @ (query / np.linalg.norm(query))
+    assert np.corrcoef(score, cosine)[0, 1] > 0.999
+    assert set(np.argsort(-cosine)[:10]) <= set(np.argsort(-score)[:20])
+
+
+def test_the_candidates_are_the_nearest_by_cosine(monkeypatch):
+    monkeypatch.setattr(vector_memory, "MIN_CANDIDATES", 1)
+    ids = [uuid.uuid4() for _ in range(5)]
+    copy = held([[1, 0], [0, 1], [1, 1], [-1, 0], [-1, -1]], ids)
+    # CANDIDATES_PER_RESULT (2) per result; the query's length does not matter.
+    assert set(copy.candidates(np.array([20.0, 0.0]), 1)) == {ids[0], ids[2]}
+    assert set(copy.candidates(np.array([0.0, 1.0]), 1)) == {ids[1], ids[2]}
+    # Asked for more than it holds: all of them.
+    assert sorted(copy.candidates(np.array([1.0, 0.0]), 10)) == sorted(ids)
+
+
+def test_blocks_are_scored_in_order():
+    rng = np.random.default_rng(3)
+    codes = rng.integers(-127, 128, size=(8, 10)).astype(np.int8)
+    query = rng.standard_normal(8).astype(np.float32)
+    blocks = [np.ascontiguousarray(codes[:, :4]), np.ascontiguousarray(codes[:, 4:])]
+    whole = vector_memory.scores([np.ascontiguousarray(codes)], query)
+    assert np.array_equal(vector_memory.scores(blocks, query), whole)
+
+
+def test_a_zero_question_vector_finds_without_failing():
+    copy = held([[1, 0], [0, 1]])
+    assert len(copy.candidates(np.zeros(2, np.float32), 1)) == 2
+    assert held(np.ones((0, 2))).candidates(np.array([1.0, 0.0]), 1) == []
