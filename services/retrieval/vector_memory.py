@@ -262,7 +262,11 @@ class VectorMemory:
                 self._not_before[key] = now + RELOAD_SECONDS
                 probes = list(asked)
         if wanted:
-            self._loader.submit(self._load, engine, key, probes)
+            try:
+                self._loader.submit(self._load, engine, key, probes)
+            except RuntimeError:  # closed (the process reconfigured or stops): no more loads
+                with self._lock:
+                    self._loading.discard(key)
         return None
 
     def held_bytes(self) -> int:
