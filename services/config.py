@@ -59,9 +59,9 @@ class Settings(BaseSettings):
     hnsw_ef_search: int = Field(default=100, ge=10, le=1000)
     # Memory each server process may hold assistants' vectors in, as 8-bit codes, for exact
     # search where HNSW misses (services/retrieval/vector_memory.py): about 0.4 MB per 1,000
-    # chunks of 384 dimensions, so the default holds 660k chunks; an assistant larger than all
+    # chunks of 384 dimensions, so the default holds 1.3M chunks; an assistant larger than all
     # of it stays on HNSW. 0 turns it off.
-    vector_memory_mb: int = Field(default=256, ge=0)
+    vector_memory_mb: int = Field(default=512, ge=0)
 
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 50051

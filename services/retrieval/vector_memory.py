@@ -85,9 +85,9 @@ LOAD_BATCH_ROWS = 5_000
 # finding every exact neighbour of 40 questions.
 CANDIDATES_PER_RESULT = 2
 MIN_CANDIDATES = 100
-# Codes are kept in blocks of this many chunks, onnxruntime scoring a block per call: at 100k
-# chunks one block of all took 1.43 ms, blocks of 65,536 1.0 and of 16,384 0.66 (a block's 6 MB
-# stay in the core's cache). Loading never holds a second copy of all the codes either.
+# Codes are kept in blocks of this many chunks (6 MB), onnxruntime scoring a block per call, so
+# that a load never holds a second copy of all the codes. Scoring is bound by memory, about
+# 1.8 ms per 100k chunks whatever the blocks (one call over all of them, batched: the same).
 BLOCK_CHUNKS = 16_384
 
 # The digest of an assistant's READY documents: their count and the sum of a 64-bit hash of
@@ -148,11 +148,8 @@ class HeldAssistant:
         count = max(CANDIDATES_PER_RESULT * limit, MIN_CANDIDATES)
         products = scores(self.blocks, np.asarray(query, dtype=np.float32)) - self.offsets
         score = products * self.scales
-        top = (
-            np.argpartition(-score, count - 1)[:count]
-            if self.chunks > count
-            else range(self.chunks)
-        )
+        cut = self.chunks - count
+        top = np.argpartition(score, cut)[cut:] if cut > 0 else range(self.chunks)
         return [uuid.UUID(bytes=self.ids[i].tobytes()) for i in top]
 
 
@@ -246,6 +243,8 @@ class VectorMemory:
                 held.used = now
                 self._held.move_to_end(key)
                 return held
+            if held is not None:  # stale, never to be used again: its memory goes at once
+                del self._held[key]
             asked = self._asked.setdefault(key, deque(maxlen=PROBES))
             asked.append(query)
             first = self._first_asked.setdefault(key, now)
@@ -261,6 +260,8 @@ class VectorMemory:
                 self._loading.add(key)
                 self._not_before[key] = now + RELOAD_SECONDS
                 probes = list(asked)
+                # Room first, so the process never holds the budget and the new copy at once.
+                self._make_room(chunks * (len(query) + 20))
         if wanted:
             try:
                 self._loader.submit(self._load, engine, key, probes)
@@ -312,8 +313,7 @@ class VectorMemory:
             else:
                 self._index_good.pop(key, None)
             if keep:
-                while self._held and self._held_bytes() + held.nbytes > self.budget_bytes:
-                    self._held.popitem(last=False)  # the least recently searched
+                self._make_room(held.nbytes)
                 self._held[key] = held
         log.info(
             "assistant %s: its vector index found %.3f of the exact nearest chunks: %s",
@@ -327,6 +327,11 @@ class VectorMemory:
 
     def _held_bytes(self) -> int:
         return sum(h.nbytes for h in self._held.values())
+
+    def _make_room(self, nbytes: int) -> None:
+        """Drops the least recently searched copies until nbytes more fit the budget."""
+        while self._held and self._held_bytes() + nbytes > self.budget_bytes:
+            self._held.popitem(last=False)
 
 
 def index_recall(
