@@ -4,6 +4,7 @@ document's, a new document's at once."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import numpy as np
@@ -141,6 +142,31 @@ async def test_a_new_document_is_found_at_once_and_the_copy_is_loaded_again(
     # The next search loads a fresh copy, and the one after is answered from it.
     assert same(held_search(db, embedder, memory, tenant, assistant, question), found)
     assert served[-1] is True
+
+
+async def test_a_stale_copy_is_dropped_before_its_replacement_is_loaded(
+    channel, make_key, db, embedder, memory, served, monkeypatch
+):
+    tenant = "memdrop-" + uuid.uuid4().hex[:6]
+    key, assistant, stub, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
+    held_search(db, embedder, memory, tenant, assistant)
+    assert memory.held() == (memory.held_bytes(), 1) and memory.held_bytes() > 0
+
+    gate = threading.Event()
+    real_load = vector_memory.load
+
+    def gated(*args):
+        assert gate.wait(30)
+        return real_load(*args)
+
+    monkeypatch.setattr(vector_memory, "load", gated)
+    await ingest(stub, key, assistant, "travel.md", THIRD)
+    nearest(db, embedder, tenant, assistant)  # finds the copy stale
+    nearest(db, embedder, tenant, assistant)  # starts the load of a fresh one
+    assert memory.held() == (0, 0)  # the stale copy is gone while the load waits
+    gate.set()
+    assert memory.wait_idle(30) and memory.held()[1] == 1
+    assert served[-2:] == [False, False]
 
 
 async def test_a_deleted_document_is_never_returned(
