@@ -5,8 +5,8 @@ vectors without that structure (random unit vectors, the hard case) pgvector's i
 0.11-0.15 of the exact top 10 at `ef_search` 100 and 0.36-0.43 at 400, and any graph reaches
 0.95 there only by walking more than the exact scan it replaces. That scan in Postgres reads
 the assistant's rows one by one (about 100 ms at 100k chunks). Held in memory as 8-bit codes
-(a scale per vector), the same 100k chunks of 384 dimensions are scored in 1.5 ms on one core
-(onnxruntime's MatMulInteger, which the embedding model already brings; numpy's float32 product
+(a scale per vector), the same 100k chunks of 384 dimensions are scored in about 1.8 ms on one
+core (onnxruntime's MatMulInteger, which the embedding model already brings; numpy's float32 product
 took 4.5 ms and four times the memory, its 8-bit one 30 ms). The best CANDIDATES_PER_RESULT
 times the wanted count are then ranked by Postgres on their stored vectors, in the statement
 that reads their rows: the cosines are pgvector's own, as exact search gives them. On 50
@@ -15,18 +15,19 @@ and clustered vectors, 0.96 of them for real embeddings (where many chunks are e
 one another, and which copy counts is arbitrary).
 
 So an assistant searched through HNSW (more than search.EXACT_MAX_CHUNKS chunks) is loaded
-into memory, in the background, when it is first searched, and its HNSW walk is checked
-against exact search on questions made from its own chunks. Where the walk finds nearly all of
-the exact nearest (embeddings of real documents: 0.98), the copy is dropped and HNSW, which is
-faster, goes on serving; where it misses (random vectors: 0.39), the assistant's searches are
-answered here from then on. An assistant larger than the whole budget
-(FOOTNOTE_VECTOR_MEMORY_MB; 1M chunks take 400 MB) stays on HNSW.
+into memory, in the background, once it has been asked ASKED_BEFORE_LOAD questions, and its
+HNSW walk is checked against exact search on them (and on questions made from its chunks).
+Where the walk finds nearly all of the exact nearest (embeddings of real documents: 0.996 at
+100k chunks), the copy is dropped and HNSW, which is faster, goes on serving; where it misses
+(random vectors: 0.28), the assistant's searches are answered here from then on. An assistant
+larger than the whole budget (FOOTNOTE_VECTOR_MEMORY_MB; 1M chunks take 385 MB) stays on
+HNSW.
 
 Written here rather than taken from a vector library because what is the product's own is
 knowing when the copy is still the assistant's: a copy records a digest of the assistant's
 READY documents' row versions (`xmin`: any change to a document row, a new READY document, a
 deletion, gives a new one), and each search reads the current digest in the statement that
-reads its winners' rows. A copy whose digest no longer matches is not used (that search, and
+reads its winners' rows. A copy whose digest no longer matches is dropped (that search, and
 the next until a fresh copy is loaded, goes to Postgres), so a search never misses a new
 document or returns a deleted one.
 """
