@@ -74,6 +74,9 @@ RETRY_SECONDS = 60.0
 ASKED_BEFORE_LOAD = 20
 PROBE_WAIT_SECONDS = 30.0
 PROBES = 50
+# The questions of at most this many assistants are kept for the check (the most recently
+# asked; 75 kB each at 384 dimensions).
+ASKING_ASSISTANTS = 256
 PROBE_TURN = np.radians(15)
 GOOD_RECALL = 0.95
 INDEX_VERDICT_SECONDS = 3600.0
@@ -219,7 +222,7 @@ class VectorMemory:
         # Assistants whose index was found good enough: (chunks then, until when).
         self._index_good: dict[tuple[str, str, str], tuple[int, float]] = {}
         # The last questions asked of assistants not held, and when the first was.
-        self._asked: dict[tuple[str, str, str], deque[np.ndarray]] = {}
+        self._asked: OrderedDict[tuple[str, str, str], deque[np.ndarray]] = OrderedDict()
         self._first_asked: dict[tuple[str, str, str], float] = {}
         self._held: OrderedDict[tuple[str, str, str], HeldAssistant] = OrderedDict()
         self._loading: set[tuple[str, str, str]] = set()
@@ -248,6 +251,9 @@ class VectorMemory:
                 del self._held[key]
             asked = self._asked.setdefault(key, deque(maxlen=PROBES))
             asked.append(query)
+            self._asked.move_to_end(key)
+            while len(self._asked) > ASKING_ASSISTANTS:
+                self._first_asked.pop(self._asked.popitem(last=False)[0], None)
             first = self._first_asked.setdefault(key, now)
             probed, until = self._index_good.get(key, (0, 0.0))
             wanted = (

@@ -347,3 +347,17 @@ def test_a_zero_question_vector_finds_without_failing():
     copy = held([[1, 0], [0, 1]])
     assert len(copy.candidates(np.zeros(2, np.float32), 1)) == 2
     assert held(np.ones((0, 2))).candidates(np.array([1.0, 0.0]), 1) == []
+
+
+def test_questions_are_kept_for_the_most_recently_asked_assistants(monkeypatch):
+    monkeypatch.setattr(vector_memory, "ASKING_ASSISTANTS", 2)
+    memory = VectorMemory(0, searching.SEARCHABLE, searching.index_walk)  # loads nothing
+    engine = type("Engine", (), {"url": "postgresql://db"})()
+    try:
+        for assistant in ("a", "b", "a", "c"):
+            assert memory.get(engine, "t", assistant, 10**6, np.ones(4, np.float32)) is None
+        assert [key[2] for key in memory._asked] == ["a", "c"]
+        assert len(memory._asked[("postgresql://db", "t", "a")]) == 2
+        assert set(memory._first_asked) == set(memory._asked)
+    finally:
+        memory.close()
