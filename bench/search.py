@@ -384,8 +384,9 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
             f"top_k {TOP_K}, {len(questions)} questions ({args.previous_queries} for the "
             f"previous search), ef_search {walked}"
         )
-        # Other questions first, so that the timed ones read from a warm cache; and the first
-        # search of the assistant starts loading its vectors into memory, checked against HNSW.
+        # Other questions first, so that the timed ones read from a warm cache; they are also
+        # what the server's memory waits for before it loads the assistant's vectors and checks
+        # its HNSW walk with them (vector_memory.ASKED_BEFORE_LOAD).
         await time_current(db, c, warm)
         if current.MEMORY is not None:
             current.MEMORY.wait_idle(600)
