@@ -338,8 +338,17 @@ async def main() -> None:
         help="FOOTNOTE_VECTOR_MEMORY_MB (default %(default)s): assistants whose HNSW walk misses"
         " are searched exactly in memory (services/retrieval/vector_memory.py); 0 for HNSW alone",
     )
+    parser.add_argument(
+        "--always-hold",
+        action="store_true",
+        help="hold the assistants in memory whatever their HNSW walk finds: what a search from"
+        " memory costs at this scale, which does not depend on the vectors (random ones at 1M"
+        " would be held; their HNSW index takes over an hour to build here)",
+    )
     parser.add_argument("--database-url", help="a built corpus database, instead of starting one")
     args = parser.parse_args()
+    if args.always_hold:
+        vector_memory.GOOD_RECALL = float("inf")
 
     stack = None if args.database_url else corpus.start_postgres()
     try:
