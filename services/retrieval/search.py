@@ -33,7 +33,7 @@ from services.observability.tracing import traced
 from services.retrieval import fusion, indexes
 from services.retrieval.fusion import diversify, fuse, normalize_score
 from services.retrieval.table_stats import term_frequencies
-from services.retrieval.vector_memory import DIGEST, Digest, VectorMemory
+from services.retrieval.vector_memory import DIGEST, VectorMemory, digest_of
 
 # HNSW keeps this many candidates while it walks the graph. On 100k clustered vectors (shaped
 # like embeddings of documents) and the index of migration 0007, recall@10 against exact
@@ -183,8 +183,7 @@ HELD_VECTOR_SQL = text(
         AND c.tenant_id = :tenant AND c.assistant_id = :assistant
       ORDER BY distance FETCH FIRST :limit ROWS WITH TIES
     )
-    SELECT {CANDIDATE_COLUMNS}, 1 - n.distance AS similarity, w.documents AS held_documents,
-           w.digest AS held_digest
+    SELECT {CANDIDATE_COLUMNS}, 1 - n.distance AS similarity, w.documents, w.digest
     FROM nearest n JOIN chunks c ON c.id = n.id JOIN documents d ON d.id = c.document_id
     CROSS JOIN now w
     """
@@ -418,7 +417,7 @@ def held_candidates(
             "limit": limit,
         },
     ).all()
-    if not rows or Digest(rows[0].held_documents, int(rows[0].held_digest)) != held.digest:
+    if not rows or digest_of(rows[0]) != held.digest:
         held.stale = True  # the next search starts a fresh load, if none ran lately
         return None
     return rows

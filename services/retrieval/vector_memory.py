@@ -207,6 +207,7 @@ def _scorer() -> onnxruntime.InferenceSession:
 
 
 def digest_of(row: Row[Any]) -> Digest:
+    """The digest in a row that holds DIGEST's columns."""
     return Digest(int(row.documents), int(row.digest))
 
 
