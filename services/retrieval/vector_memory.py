@@ -206,6 +206,12 @@ def _scorer() -> onnxruntime.InferenceSession:
         return _scorer_session
 
 
+def copy_bytes(chunks: int, dim: int) -> int:
+    """About what a copy of this many chunks holds, before it is loaded: a code byte per
+    dimension and an id and a scale per chunk (HeldAssistant.nbytes, once loaded)."""
+    return chunks * (dim + 20)
+
+
 def digest_of(row: Row[Any]) -> Digest:
     """The digest in a row that holds DIGEST's columns."""
     return Digest(int(row.documents), int(row.digest))
@@ -232,7 +238,7 @@ class VectorMemory:
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vector-memory")
 
     def fits(self, chunks: int, dim: int) -> bool:
-        return chunks * (dim + 20) <= self.budget_bytes
+        return copy_bytes(chunks, dim) <= self.budget_bytes
 
     def get(
         self, engine: Engine, tenant_id: str, assistant_id: str, chunks: int, query: np.ndarray
@@ -269,7 +275,7 @@ class VectorMemory:
                 self._not_before[key] = now + RELOAD_SECONDS
                 probes = list(asked)
                 # Room first, so the process never holds the budget and the new copy at once.
-                self._make_room(chunks * (len(query) + 20))
+                self._make_room(copy_bytes(chunks, len(query)))
         if wanted:
             try:
                 self._loader.submit(self._load, engine, key, probes)
