@@ -207,9 +207,9 @@ def _scorer() -> onnxruntime.InferenceSession:
 
 
 def copy_bytes(chunks: int, dim: int) -> int:
-    """About what a copy of this many chunks holds, before it is loaded: a code byte per
-    dimension and an id and a scale per chunk (HeldAssistant.nbytes, once loaded)."""
-    return chunks * (dim + 20)
+    """What a copy of this many chunks holds, before it is loaded: a code byte per dimension,
+    and an id (16 bytes), a scale and an offset (4 each) per chunk (HeldAssistant.nbytes)."""
+    return chunks * (dim + 24)
 
 
 def digest_of(row: Row[Any]) -> Digest:
