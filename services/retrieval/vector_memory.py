@@ -47,6 +47,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnxruntime
 from onnx import TensorProto, helper
+from pgvector import Vector
 from sqlalchemy import Engine, Row, text
 from sqlalchemy.orm import Session
 
@@ -379,7 +380,7 @@ def index_recall(
             exact = s.execute(
                 text(RANKED),
                 {
-                    "query": "[" + ",".join(map(repr, question.tolist())) + "]",
+                    "query": Vector(question).to_text(),
                     "ids": held.candidates(question, 10),
                     "limit": 10,
                 },
