@@ -172,10 +172,14 @@ class OpenAIGenerator:
                         contextlib.aclosing(response.aiter_bytes())
                     )
                     decoder = _EventStreamDecoder()
+                    reads = _ReadLimit()
+                    exits.callback(reads.close)
                     # The events of one network read go out as one piece: under load a read
                     # holds many, and one message each would cost the relay more than the
                     # text is worth. Nothing waits for a later read, so no text is held back.
-                    while (chunk := await self._next_chunk(chunks, answer, deadline)) is not None:
+                    while (
+                        chunk := await self._next_chunk(chunks, answer, deadline, reads)
+                    ) is not None:
                         if text := _joined_text(answer, decoder.feed(chunk)):
                             yield TextPiece(text)
                     if text := _joined_text(answer, decoder.close()):
@@ -207,9 +211,14 @@ class OpenAIGenerator:
         if self._client is None or self._client.is_closed or self._client_loop is not loop:
             self._client = httpx.AsyncClient(
                 headers=self._headers,
+                # No read timeout of httpx's own: it set a timer per socket read (anyio's
+                # cancel scope), which costs what _ReadLimit saves. Every read is bounded
+                # anyway: the response's head by the deadline (_send), its body by the read
+                # timeout and the deadline (_ReadLimit, _read_capped).
                 timeout=httpx.Timeout(
                     self.timeout_seconds,
                     connect=self.connect_timeout,
+                    read=None,
                     pool=self.pool_timeout,
                 ),
                 limits=httpx.Limits(
@@ -262,7 +271,7 @@ class OpenAIGenerator:
             return response
 
     async def _next_chunk(
-        self, chunks: AsyncIterator[bytes], answer: _Answer, deadline: float
+        self, chunks: AsyncIterator[bytes], answer: _Answer, deadline: float, reads: _ReadLimit
     ) -> bytes | None:
         """The next body chunk, or None at the end of the body."""
         loop = asyncio.get_running_loop()
@@ -273,8 +282,7 @@ class OpenAIGenerator:
         elif answer.started:
             limit = min(deadline, loop.time() + self.read_timeout)
         try:
-            async with asyncio.timeout_at(limit):
-                return await anext(chunks, None)
+            return await reads.next(chunks, limit)
         except (TimeoutError, httpx.HTTPError) as err:
             if answer.finish is not None:
                 # Only the usage record was still to come; the answer itself is complete.
@@ -319,6 +327,69 @@ class OpenAIGenerator:
         else:  # 1xx or a redirect we do not follow
             reason = LLM_BAD_RESPONSE
         raise answer.error(reason, **metadata)
+
+
+class _ReadLimit:
+    """Ends a read of the answer's body that outlasts its limit, with one timer per answer.
+
+    `asyncio.timeout_at` around each read scheduled a timer and cancelled it a chunk later.
+    Cancelled timers stay in the event loop's heap until they come up, and every push and pop
+    compares timers in Python: at 100 streams the relay spent about a quarter of its CPU there
+    (bench/relay.py: 51k upstream deltas/s with it, 68k with no limit at all). Here each read
+    notes its own limit, and the one timer, set for the limit of the read that set it, looks
+    when it goes off: if the read under way has a later limit, the timer is set again for that
+    limit; if not, the read has lasted too long and its task is cancelled, which the read turns
+    into TimeoutError as `asyncio.timeout` does (a cancellation from elsewhere stays one). Set
+    for a limit earlier than the timer's (the last chunks' drain), the timer is moved forward.
+    So a stream's timer goes off about once per read timeout, however many chunks it reads.
+    """
+
+    __slots__ = ("_expired", "_handle", "_limit", "_task", "_when")
+
+    def __init__(self) -> None:
+        self._handle: asyncio.TimerHandle | None = None
+        self._when = 0.0  # when the timer goes off
+        self._task: asyncio.Task[Any] | None = None  # the task of the read under way
+        self._limit = 0.0  # when the read under way must end by
+        self._expired = False
+
+    async def next(self, chunks: AsyncIterator[bytes], limit: float) -> bytes | None:
+        """anext(chunks, None), raising TimeoutError if it has not returned by limit."""
+        task = asyncio.current_task()
+        assert task is not None, "reads run in a task"
+        cancelling = task.cancelling()
+        self._task, self._limit, self._expired = task, limit, False
+        if self._handle is None or limit < self._when:
+            self._set(task.get_loop(), limit)
+        try:
+            return await anext(chunks, None)
+        except asyncio.CancelledError as err:
+            if self._expired and task.uncancel() <= cancelling:
+                raise TimeoutError from err
+            raise
+        finally:
+            self._task = None
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _set(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        self.close()
+        self._when = when
+        self._handle = loop.call_at(when, self._go_off)
+
+    def _go_off(self) -> None:
+        self._handle = None
+        task = self._task
+        if task is None:
+            return  # between reads: the next read sets the timer again
+        if self._limit > self._when:
+            self._set(task.get_loop(), self._limit)
+            return
+        self._expired = True
+        task.cancel()
 
 
 def _joined_text(answer: _Answer, events: list[tuple[str, str]]) -> str:

@@ -740,6 +740,59 @@ async def test_a_stall_after_the_finish_still_ends_the_answer(
     assert finished.completion_tokens == estimate_tokens("Paris.")
 
 
+async def test_a_steady_stream_longer_than_the_read_timeout_is_not_cut(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        for i in range(12):  # 1.2 s in all, four times the read timeout
+            await ex.event(chunk(f"w{i} "))
+            await asyncio.sleep(0.1)
+        await ex.event(chunk(finish="stop"))
+        await ex.chunk("data: [DONE]\n\n")
+        await ex.end_stream()
+
+    llm_server.script = script
+    pieces, finished = await collect(make_generator(read_timeout=0.3))
+
+    assert "".join(pieces) == "".join(f"w{i} " for i in range(12))
+    assert finished.reason is FinishReason.STOP
+
+
+async def test_reads_are_timed_by_one_timer_per_answer_not_one_per_chunk(
+    llm_server: ScriptedServer, generator: OpenAIGenerator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A timer per read filled the event loop's heap with cancelled timers at 100 streams.
+    async def script(ex: Exchange) -> None:
+        await ex.start_stream()
+        for i in range(300):
+            await ex.event(chunk(f"w{i} "))
+            for _ in range(3):  # the client reads each chunk on its own
+                await asyncio.sleep(0)
+        await ex.event(chunk(finish="stop"))
+        await ex.chunk("data: [DONE]\n\n")
+        await ex.end_stream()
+
+    llm_server.script = script
+    loop = asyncio.get_running_loop()
+    timers = 0
+    call_at = loop.call_at
+
+    def counted(*args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        nonlocal timers
+        timers += 1
+        return call_at(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_at", counted)
+    pieces, finished = await collect(generator)
+
+    assert finished.reason is FinishReason.STOP
+    assert len(pieces) >= 100, "the chunks were read together; the test needs separate reads"
+    # A few for the request (its deadline, the pool, the connection) and the body's timer
+    # moved at most twice (first token, drain): none per chunk.
+    assert timers <= 10
+
+
 # --- cancellation ------------------------------------------------------------------------
 
 
