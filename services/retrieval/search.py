@@ -348,6 +348,9 @@ def vector_candidates(
     path = "memory" if rows is not None else "exact" if size.exact else "index"
     if rows is None:
         rows = stored_candidates(s, tenant_id, assistant_id, size, query_vector, limit)
+        if path == "index" and MEMORY is not None and rows:
+            best = max(float(r.similarity) for r in rows)
+            MEMORY.walked(s.get_bind().engine, tenant_id, assistant_id, best)
     ON_VECTOR_SEARCH(path)
     # relaxed_order may return rows slightly out of order; the ranking must be exact.
     most_similar_first = [-r.similarity for r in rows]

@@ -21,7 +21,11 @@ Where the walk finds nearly all of the exact nearest (embeddings of real documen
 100k chunks), the copy is dropped and HNSW, which is faster, goes on serving; where it misses
 (random vectors: 0.28), the assistant's searches are answered here from then on. An assistant
 larger than the whole budget (FOOTNOTE_VECTOR_MEMORY_MB; 1M chunks take 385 MB) stays on
-HNSW.
+HNSW. A walk judged on some questions can miss on others: an assistant asked about what its
+documents do not hold (nothing near) is walked through a part of the graph it was not judged
+on. So the questions asked after a verdict are watched: one whose walk's best cosine is well
+below those of the questions judged is unlike them, and once UNLIKE_BEFORE_RECHECK of them
+have been asked, the walk is checked again on the questions asked since the first of them.
 
 Written here rather than taken from a vector library because what is the product's own is
 knowing when the copy is still the assistant's: a copy records a digest of the assistant's
@@ -81,6 +85,17 @@ ASKING_ASSISTANTS = 256
 PROBE_TURN = np.radians(15)
 GOOD_RECALL = 0.95
 INDEX_VERDICT_SECONDS = 3600.0
+# A question asked after a verdict is unlike those judged when its walk's best cosine is below
+# UNLIKE_SHARE of theirs (the median of their exact nearest). On bench/search.py's 100k corpora,
+# the exact nearest cosine of the assistant's questions: clustered 0.60-0.62 (0.31 for one), of
+# a tenth-size assistant asked the large one's questions (nothing of its own near) 0.15-0.19,
+# where its walk found 0.887 of the exact ten; real embeddings 0.39-0.76, median 0.76. Judged
+# on the minimum of the first 20 instead, 8-16% (clustered) and 34% (real) of the later
+# questions of the same kind counted as unlike. Each verdict allows MAX_RECHECKS such checks
+# (each one a load): questions that keep wandering cost at most that many loads an hour.
+UNLIKE_SHARE = 0.5
+UNLIKE_BEFORE_RECHECK = 10
+MAX_RECHECKS = 3
 # Cosines this close are one (float32 in memory, pgvector's own arithmetic in Postgres).
 TIE_TOLERANCE = 1e-5
 # Rows fetched from Postgres per round trip while loading.
@@ -112,6 +127,23 @@ class Walk(Protocol):
     def __call__(
         self, s: Session, tenant_id: str, assistant_id: str, vector: Sequence[float], limit: int
     ) -> list[float]: ...
+
+
+@dataclass
+class Verdict:
+    """An assistant whose HNSW walk was found good enough, and what it was asked since."""
+
+    chunks: int  # the assistant's chunks when it was judged
+    until: float  # when the verdict lapses
+    near: float  # a question whose walk's best cosine is below this is unlike those judged
+    rechecks: int = 0  # checks started since by unlike questions
+    asked: int = 0  # questions asked since the verdict (or since its last check)
+    unlike: int = 0  # how many of them were unlike those judged
+    first_unlike: int = 0  # which of them (counting from 1) was the first unlike one
+
+    def watching(self, chunks: int, now: float) -> bool:
+        """Whether the verdict still stands for an assistant of this many chunks."""
+        return now < self.until and chunks <= 2 * self.chunks
 
 
 @dataclass(frozen=True)
@@ -227,8 +259,8 @@ class VectorMemory:
         # The WHERE clause of a search (search.SEARCHABLE: the assistant's servable documents).
         self.searchable_sql = searchable_sql
         self.walk = walk
-        # Assistants whose index was found good enough: (chunks then, until when).
-        self._index_good: dict[tuple[str, str, str], tuple[int, float]] = {}
+        # Assistants whose index was found good enough.
+        self._index_good: dict[tuple[str, str, str], Verdict] = {}
         # The last questions asked of assistants not held, and when the first was.
         self._asked: OrderedDict[tuple[str, str, str], deque[np.ndarray]] = OrderedDict()
         self._first_asked: dict[tuple[str, str, str], float] = {}
@@ -263,27 +295,53 @@ class VectorMemory:
             while len(self._asked) > ASKING_ASSISTANTS:
                 self._first_asked.pop(self._asked.popitem(last=False)[0], None)
             first = self._first_asked.setdefault(key, now)
-            probed, until = self._index_good.get(key, (0, 0.0))
-            wanted = (
+            verdict = self._index_good.get(key)
+            standing = verdict is not None and verdict.watching(chunks, now)
+            can_load = self.fits(chunks, len(query)) and key not in self._loading
+            recheck = None
+            if verdict is not None and standing:
+                verdict.asked += 1
+                if (
+                    verdict.unlike >= UNLIKE_BEFORE_RECHECK
+                    and verdict.rechecks < MAX_RECHECKS
+                    and can_load
+                ):
+                    # Judged on the questions since the first unlike one, not on a selection:
+                    # unlike means the walk's best was low, which a walk that missed gives too.
+                    since = verdict.asked - verdict.first_unlike + 1
+                    recheck = list(asked)[-min(since, PROBES) :]
+                    verdict.rechecks += 1
+                    verdict.asked = verdict.unlike = 0
+            wanted = recheck is not None or (
                 (len(asked) >= ASKED_BEFORE_LOAD or now - first >= PROBE_WAIT_SECONDS)
-                and (until <= now or chunks > 2 * probed)
-                and self.fits(chunks, len(query))
-                and key not in self._loading
+                and not standing
+                and can_load
                 and self._not_before.get(key, 0.0) <= now
             )
             if wanted:
                 self._loading.add(key)
                 self._not_before[key] = now + RELOAD_SECONDS
-                probes = list(asked)
+                probes = recheck if recheck is not None else list(asked)
                 # Room first, so the process never holds the budget and the new copy at once.
                 self._make_room(copy_bytes(chunks, len(query)))
         if wanted:
             try:
-                self._loader.submit(self._load, engine, key, probes)
+                self._loader.submit(self._load, engine, key, probes, recheck is not None)
             except RuntimeError:  # closed (the process reconfigured or stops): no more loads
                 with self._lock:
                     self._loading.discard(key)
         return None
+
+    def walked(self, engine: Engine, tenant_id: str, assistant_id: str, best: float) -> None:
+        """Told the best cosine the walk found for the question last asked of an assistant
+        (get returned None): below the verdict's `near`, the question is unlike those judged."""
+        key = (str(engine.url), tenant_id, assistant_id)
+        with self._lock:
+            verdict = self._index_good.get(key)
+            if verdict is not None and verdict.asked and best < verdict.near:
+                verdict.unlike += 1
+                if verdict.unlike == 1:
+                    verdict.first_unlike = verdict.asked
 
     def held_bytes(self) -> int:
         return self.held()[0]
@@ -307,12 +365,22 @@ class VectorMemory:
     def close(self) -> None:
         self._loader.shutdown(wait=True, cancel_futures=True)
 
-    def _load(self, engine: Engine, key: tuple[str, str, str], asked: list[np.ndarray]) -> None:
+    def _load(
+        self,
+        engine: Engine,
+        key: tuple[str, str, str],
+        asked: list[np.ndarray],
+        recheck: bool = False,
+    ) -> None:
+        """Loads the assistant's copy and checks its walk on the questions asked (with made-up
+        ones, unless this rechecks a standing verdict on the unlike questions' stretch)."""
         _, tenant_id, assistant_id = key
         started = time.perf_counter()
         try:
             held = load(engine, tenant_id, assistant_id, self.searchable_sql)
-            recall = index_recall(engine, tenant_id, assistant_id, held, self.walk, asked)
+            recall, nearest = index_recall(
+                engine, tenant_id, assistant_id, held, self.walk, asked, made_up=not recheck
+            )
         except Exception:
             log.exception("could not hold assistant %s's vectors in memory", assistant_id)
             with self._lock:
@@ -323,17 +391,22 @@ class VectorMemory:
         with self._lock:
             self._loading.discard(key)
             self._held.pop(key, None)
-            if recall >= GOOD_RECALL:
-                self._index_good[key] = (held.chunks, time.monotonic() + INDEX_VERDICT_SECONDS)
-            else:
+            if recall < GOOD_RECALL:
                 self._index_good.pop(key, None)
+            elif not recheck or key not in self._index_good:
+                self._index_good[key] = Verdict(
+                    held.chunks,
+                    time.monotonic() + INDEX_VERDICT_SECONDS,
+                    near=UNLIKE_SHARE * float(np.median(nearest)) if nearest else 0.0,
+                )
             if keep:
                 self._make_room(held.nbytes)
                 self._held[key] = held
         log.info(
-            "assistant %s: its vector index found %.3f of the exact nearest chunks: %s",
+            "assistant %s: its vector index found %.3f of the exact nearest chunks%s: %s",
             assistant_id,
             recall,
+            " (checked again: questions unlike those it was judged on)" if recheck else "",
             f"holding its {held.chunks} vectors in memory ({held.nbytes / 2**20:.0f} MB, loaded"
             f" and checked in {time.perf_counter() - started:.1f} s)"
             if keep
@@ -356,16 +429,20 @@ def index_recall(
     held: HeldAssistant,
     walk: Walk,
     asked: Sequence[np.ndarray] = (),
-) -> float:
+    *,
+    made_up: bool = True,
+) -> tuple[float, list[float]]:
     """The share of the exact ten nearest chunks that the assistant's vector index finds for
-    the questions asked and made-up ones, PROBES in all (1.0 with no chunks)."""
+    the questions asked and (made_up) made-up ones, PROBES in all (1.0 with no chunks), and
+    the exact nearest cosine of each question asked."""
     if held.chunks == 0:
-        return 1.0
+        return 1.0, []
     rng = np.random.default_rng(0)
     asked = [q for q in asked if len(q) == held.dim][-PROBES:]
-    missing = min(PROBES - len(asked), held.chunks)
+    missing = min(PROBES - len(asked), held.chunks) if made_up else 0
     chosen = rng.choice(held.chunks, size=missing, replace=False)
     hits = wanted = 0
+    nearest: list[float] = []
     with Session(engine) as s, s.begin():
         vectors = s.execute(
             text("SELECT vector_send(embedding) FROM chunks WHERE id = ANY(:ids)"),
@@ -377,19 +454,25 @@ def index_recall(
             turn -= (turn @ vector) * vector  # orthogonal to the chunk
             made.append(np.cos(PROBE_TURN) * vector + np.sin(PROBE_TURN) * unit(turn))
         for question in asked + made:
-            exact = s.execute(
-                text(RANKED),
-                {
-                    "query": Vector(question).to_text(),
-                    "ids": held.candidates(question, 10),
-                    "limit": 10,
-                },
-            ).scalars()
+            exact = (
+                s.execute(
+                    text(RANKED),
+                    {
+                        "query": Vector(question).to_text(),
+                        "ids": held.candidates(question, 10),
+                        "limit": 10,
+                    },
+                )
+                .scalars()
+                .all()
+            )
+            if len(nearest) < len(asked):
+                nearest.append(exact[0])
             tenth = min(exact)
             found = walk(s, tenant_id, assistant_id, question.tolist(), 10)
             hits += sum(1 for x in found if x >= tenth - TIE_TOLERANCE)
             wanted += min(10, held.chunks)
-    return hits / wanted
+    return (hits / wanted if wanted else 1.0), nearest
 
 
 # The cosines of the nearest of some chunks, by their stored vectors.

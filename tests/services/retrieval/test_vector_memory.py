@@ -287,6 +287,72 @@ async def test_the_index_is_checked_on_the_questions_asked(
     assert served[-1] is True
 
 
+UNRELATED = [
+    "Which gluons bind quarks inside a proton?",
+    "Who painted the ceiling of the Sistine Chapel?",
+    "What is the boiling point of liquid nitrogen?",
+    "How do volcanoes form along tectonic plate boundaries?",
+]
+
+
+async def test_questions_unlike_those_judged_have_the_walk_checked_again(
+    channel, make_key, db, embedder, memory, served, monkeypatch
+):
+    tenant = "memunlike-" + uuid.uuid4().hex[:6]
+    _, assistant, _, _ = await documents(
+        channel, make_key, tenant, ("leave.md", LEAVE), ("kitchen.md", COFFEE)
+    )
+    monkeypatch.setattr(vector_memory, "GOOD_RECALL", 0.95)
+    monkeypatch.setattr(vector_memory, "UNLIKE_BEFORE_RECHECK", 2)
+    walked = []
+
+    def walk(s, tenant_id, assistant_id, vector, limit):
+        walked.append(vector)
+        return searching.index_walk(s, tenant_id, assistant_id, vector, limit)
+
+    memory.walk = walk
+    held_search(db, embedder, memory, tenant, assistant)  # judged: the walk finds everything
+    assert memory.held_bytes() == 0
+    judged = len(walked)
+    for question in ["annual leave", "sick days", "Where is the coffee machine?"] * 2:
+        nearest(db, embedder, tenant, assistant, question)  # like the one judged
+    assert memory.wait_idle(30) and len(walked) == judged  # nothing checked again
+
+    # Questions with nothing of the assistant's near, on which the walk (here) misses.
+    def missing(s, tenant_id, assistant_id, vector, limit):
+        walked.append(vector)
+        return []
+
+    memory.walk = missing
+    for question in UNRELATED[:3]:
+        nearest(db, embedder, tenant, assistant, question)
+    assert memory.wait_idle(30)
+    # Checked again on the questions from the first unlike one on, none made up: held.
+    asked = np.array([embedder.embed_query(q) for q in UNRELATED[:3]], np.float32)
+    assert np.allclose(np.array(walked[judged:], np.float32), asked, atol=1e-6)
+    nearest(db, embedder, tenant, assistant, UNRELATED[3])
+    assert served[-1] is True and memory.held_bytes() > 0
+
+
+async def test_unlike_questions_start_at_most_a_few_checks(
+    channel, make_key, db, embedder, memory, monkeypatch
+):
+    tenant = "memrecheck-" + uuid.uuid4().hex[:6]
+    _, assistant, _, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
+    monkeypatch.setattr(vector_memory, "GOOD_RECALL", 0.95)
+    monkeypatch.setattr(vector_memory, "UNLIKE_BEFORE_RECHECK", 1)
+    monkeypatch.setattr(vector_memory, "MAX_RECHECKS", 2)
+    loads = []
+    original = memory._load
+    monkeypatch.setattr(memory, "_load", lambda *args: loads.append(args) or original(*args))
+    held_search(db, embedder, memory, tenant, assistant)
+    for question in UNRELATED * 2:  # each unlike; the walk finds everything all the same
+        nearest(db, embedder, tenant, assistant, question)
+        assert memory.wait_idle(30)
+    assert [args[-1] for args in loads] == [False, True, True]  # the verdict, two checks
+    assert memory.held_bytes() == 0
+
+
 def chunk_ids(db, document_id):
     return db.read(
         lambda s: (
