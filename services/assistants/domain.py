@@ -8,12 +8,13 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import select, text, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.db.models import Assistant as AssistantRow
 from services.db.models import utcnow
+from services.db.session import fetch
 from services.errors import AlreadyExists, InvalidArgument, NotFound
 from services.fields import has_control
 from services.ids import parse_id
@@ -210,6 +211,21 @@ def create_assistant(
 
 def get_assistant(s: Session, tenant_id: str, assistant_id: str) -> AssistantRecord:
     return to_record(find_row(s, tenant_id, assistant_id))
+
+
+# What an answer reads of its assistant, without the ORM (see session.fetch).
+SETTINGS_SQL = text(
+    f"SELECT {', '.join(sorted(SETTING_NAMES))} FROM assistants"
+    " WHERE id = :id AND tenant_id = :tenant"
+)
+
+
+def get_settings(s: Session, tenant_id: str, assistant_id: str) -> AssistantSettings:
+    """The tenant's assistant's settings; NOT_FOUND exactly as get_assistant."""
+    rows = fetch(s, SETTINGS_SQL, {"id": parse_id(assistant_id), "tenant": tenant_id})
+    if not rows:
+        raise NotFound("assistant", assistant_id)
+    return settings_of(rows[0])
 
 
 def list_assistants(

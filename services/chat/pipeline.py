@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from services.assistants.domain import AssistantSettings
-from services.assistants.domain import get_assistant as load_assistant
+from services.assistants.domain import AssistantSettings, get_settings
 from services.chat.early import EarlyRetrieval, EarlyStarter, SearchPlan, discard, plan_for
 from services.citations import (
     Citations,
@@ -278,7 +277,7 @@ class ChatEngine:
             # Everything the answer starts from, read outside a transaction: BEGIN and COMMIT
             # were two of the three round trips of the usual load (the assistant alone), and
             # at READ COMMITTED each statement has its own snapshot in a transaction too.
-            settings = load_assistant(s, tenant_id, inp.assistant_id).settings
+            settings = get_settings(s, tenant_id, inp.assistant_id)
             stored = store.find_answer(s, tenant_id, inp.request_id) if inp.request_id else None
             earlier: list[Turn] = []
             if inp.conversation_id and stored is None:

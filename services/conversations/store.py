@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from services.citations import DocumentVersion
 from services.db.models import Conversation, Message, utcnow
 from services.db.models import Document as DocumentRow
+from services.db.session import fetch
 from services.errors import InvalidArgument, NotFound
 from services.ids import parse_id
 from services.pagination import (
@@ -221,7 +222,8 @@ def _store_new_conversation(
     now = utcnow()
     conversation_id, answer_id = uuid.uuid4(), uuid.uuid4()
     first_question = next((t.content for t in new_turns if t.role == "user"), "")
-    s.execute(
+    fetch(
+        s,
         NEW_CONVERSATION_SQL,
         {
             "conversation_id": conversation_id,

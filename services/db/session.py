@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine
+import psycopg
+from psycopg.rows import namedtuple_row
+from sqlalchemy import Engine, TextClause, create_engine
+from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -93,3 +96,42 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+_compiled: dict[int, tuple[TextClause, str]] = {}
+
+
+def _sql(statement: TextClause, dialect: Dialect) -> str:
+    # Keyed by identity: the statements are module constants, kept alive beside their SQL.
+    known = _compiled.get(id(statement))
+    if known is None or known[0] is not statement:
+        known = (statement, str(statement.compile(dialect=dialect)))
+        _compiled[id(statement)] = known
+    return known[1]
+
+
+def fetch(s: Session, statement: TextClause, params: Mapping[str, Any] | None = None) -> list[Any]:
+    """The rows of a text() statement as named tuples, run by psycopg on the session's connection.
+
+    For the statements an answer runs: through Session.execute, a search's 64 candidate rows
+    took 1.3 ms of CPU, 0.55 ms through psycopg's cursor; the difference is SQLAlchemy's work
+    per statement and per row, held under the interpreter lock the event loop needs. The
+    statement is compiled once (parameters become psycopg's %(name)s), and the parameters
+    reach psycopg as given, as they do through Session.execute for text(). Failures are raised
+    as Session.execute raises them, a connection found dead invalidated first, so Database
+    retries a dead pooled connection as before and the error boundary sees the same types.
+    """
+    conn = s.connection()
+    sql = _sql(statement, conn.dialect)
+    driver = conn.connection.driver_connection
+    try:
+        with driver.cursor(row_factory=namedtuple_row) as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description is not None else []
+    except psycopg.Error as err:
+        dead = conn.dialect.is_disconnect(err, driver, None)
+        if dead:
+            conn.invalidate(err)
+        raise DBAPIError.instance(
+            sql, params, err, psycopg.Error, connection_invalidated=dead, dialect=conn.dialect
+        ) from err

@@ -28,7 +28,7 @@ from sqlalchemy import Row, text
 from sqlalchemy.orm import Session
 
 from services.citations import RetrievedChunk, ScoreKind, SourceLocation, join_heading
-from services.db.session import Database
+from services.db.session import Database, fetch
 from services.observability.tracing import traced
 from services.retrieval import fusion, indexes
 from services.retrieval.fusion import diversify, fuse, normalize_score
@@ -369,7 +369,8 @@ def stored_candidates(
 ) -> list[Row[Any]]:
     """The nearest chunks by exact search or HNSW in Postgres, as the assistant's size says."""
     use_search_settings(s, ef_search_for(size.index_chunks))
-    return s.execute(
+    return fetch(
+        s,
         EXACT_VECTOR_SQL if size.exact else VECTOR_SQL,
         {
             "tenant": tenant_id,
@@ -377,7 +378,7 @@ def stored_candidates(
             "query": vector_parameter(s, query_vector),
             "limit": limit,
         },
-    ).all()
+    )
 
 
 def index_walk(
@@ -410,7 +411,8 @@ def held_candidates(
     ids = held.candidates(query, limit)
     if not ids:
         return None
-    rows = s.execute(
+    rows = fetch(
+        s,
         HELD_VECTOR_SQL,
         {
             "tenant": tenant_id,
@@ -419,7 +421,7 @@ def held_candidates(
             "query": vector_parameter(s, query_vector),
             "limit": limit,
         },
-    ).all()
+    )
     if not rows or digest_of(rows[0]) != held.digest:
         held.stale = True  # the next search starts a fresh load, if none ran lately
         return None
@@ -486,7 +488,8 @@ def text_candidates(
     if not query.strip():
         return []
     use_search_settings(s)
-    return s.execute(
+    return fetch(
+        s,
         TEXT_SQL,
         {
             **term_choice(s, tenant_id, assistant_id, query),
@@ -497,7 +500,7 @@ def text_candidates(
             "depth": TEXT_DEPTH_PER_CANDIDATE * limit,
             "limit": limit,
         },
-    ).all()
+    )
 
 
 def term_choice(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from services.db.session import Database, make_engine
+from services.db.session import Database, fetch, make_engine
 
 
 def backend_pid(db: Database) -> int:
@@ -65,3 +65,63 @@ def test_read_replaces_a_pooled_connection_the_server_dropped(db, single):
     now = single.read(lambda s: s.execute(text("SELECT pg_backend_pid()")).scalar_one())
 
     assert now != dropped
+
+
+ROWS = text("SELECT n, n * 2 AS twice, :label AS label FROM generate_series(1, :count) AS n")
+
+
+def test_fetch_gives_the_rows_session_execute_gives(db):
+    params = {"label": "dés %s", "count": 3}
+
+    fetched = db.read(lambda s: fetch(s, ROWS, params))
+    executed = db.read(lambda s: s.execute(ROWS, params).all())
+
+    assert [tuple(r) for r in fetched] == [tuple(r) for r in executed]
+    assert [(r.n, r.twice, r.label) for r in fetched] == [
+        (1, 2, "dés %s"),
+        (2, 4, "dés %s"),
+        (3, 6, "dés %s"),
+    ]
+
+
+def test_fetch_writes_in_the_transaction_it_runs_in(db):
+    db.transact(lambda s: s.execute(text("CREATE TABLE IF NOT EXISTS fetch_probe (v text)")))
+    write = text("INSERT INTO fetch_probe (v) VALUES (:v)")
+
+    def fail(s):
+        assert fetch(s, write, {"v": "rolled back"}) == []  # no rows: an INSERT returns none
+        raise RuntimeError("after the insert")
+
+    with pytest.raises(RuntimeError):
+        db.transact(fail)
+    db.transact(lambda s: fetch(s, write, {"v": "kept"}))
+
+    kept = db.read(lambda s: s.execute(text("SELECT v FROM fetch_probe")).scalars().all())
+    db.transact(lambda s: s.execute(text("DROP TABLE fetch_probe")))
+    assert kept == ["kept"]
+
+
+def test_fetch_raises_what_session_execute_raises(db):
+    with pytest.raises(ProgrammingError):
+        db.read(lambda s: fetch(s, text("SELECT * FROM no_such_table")))
+
+
+def test_fetch_on_a_connection_the_server_dropped_is_retried_on_a_new_one(db, single):
+    pid = text("SELECT pg_backend_pid() AS pid")
+    dropped = single.read(lambda s: fetch(s, pid))[0].pid
+    terminate(db, dropped)
+
+    now = single.read(lambda s: fetch(s, pid))[0].pid
+
+    assert now != dropped
+
+
+def test_fetch_invalidates_a_dead_connection_and_says_so(db, single):
+    def work(s):
+        terminate(db, fetch(s, text("SELECT pg_backend_pid() AS pid"))[0].pid)
+        with pytest.raises(OperationalError) as err:
+            fetch(s, text("SELECT 1"))
+        return err.value.connection_invalidated, s.connection().invalidated
+
+    # Both, so that Database retries the work and the error boundary answers UNAVAILABLE.
+    assert single.read(work) == (True, True)
