@@ -27,11 +27,13 @@ provider = setup_tracing("probe")
 from opentelemetry import trace
 with trace.get_tracer("p").start_as_current_span("s") as span:
     valid = span.get_span_context().is_valid
+    recording = span.is_recording()
 print(json.dumps({
     "installed": provider is not None,
     "processors": 0 if provider is None else len(provider._active_span_processor._span_processors),
     "threads": sorted(t.name for t in threading.enumerate()),
     "valid_span": valid,
+    "recording": recording,
 }))
 """
 
@@ -53,6 +55,7 @@ def test_without_an_endpoint_spans_exist_but_nothing_exports():
     assert got["installed"] and got["valid_span"]
     assert got["processors"] == 0
     assert got["threads"] == ["MainThread"]
+    assert not got["recording"]  # with nowhere to go, a span keeps nothing
 
 
 def test_an_endpoint_starts_the_otlp_batch_exporter():
@@ -60,6 +63,7 @@ def test_an_endpoint_starts_the_otlp_batch_exporter():
     got = probe(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_BSP_SCHEDULE_DELAY="60000")
     assert got["processors"] == 1
     assert any("OtelBatch" in name for name in got["threads"]), got["threads"]
+    assert got["recording"]
 
 
 def test_the_sdk_can_be_switched_off():
