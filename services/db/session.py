@@ -110,14 +110,22 @@ def _sql(statement: TextClause, dialect: Dialect) -> str:
     return known[1]
 
 
-def fetch(s: Session, statement: TextClause, params: Mapping[str, Any] | None = None) -> list[Any]:
+def fetch(
+    s: Session,
+    statement: TextClause,
+    params: Mapping[str, Any] | None = None,
+    *,
+    prepare: bool | None = None,
+) -> list[Any]:
     """The rows of a text() statement as named tuples, run by psycopg on the session's connection.
 
     For the statements an answer runs: through Session.execute, a search's 64 candidate rows
     took 1.3 ms of CPU, 0.55 ms through psycopg's cursor; the difference is SQLAlchemy's work
     per statement and per row, held under the interpreter lock the event loop needs. The
     statement is compiled once (parameters become psycopg's %(name)s), and the parameters
-    reach psycopg as given, as they do through Session.execute for text(). Failures are raised
+    reach psycopg as given, as they do through Session.execute for text(). prepare is psycopg's:
+    None prepares the statement on its connection once it has run there a few times, True at
+    once, False never (see search.planned_once). Failures are raised
     as Session.execute raises them, a connection found dead invalidated first, so Database
     retries a dead pooled connection as before and the error boundary sees the same types.
     """
@@ -126,7 +134,7 @@ def fetch(s: Session, statement: TextClause, params: Mapping[str, Any] | None = 
     driver = conn.connection.driver_connection
     try:
         with driver.cursor(row_factory=namedtuple_row) as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(sql, params, prepare=prepare)
             return cursor.fetchall() if cursor.description is not None else []
     except psycopg.Error as err:
         dead = conn.dialect.is_disconnect(err, driver, None)

@@ -8,7 +8,7 @@ small one at 20-33 ms (questions near its own documents; 0.22 at 150-340 ms for 
 where exact search of 100k vectors takes well over 100 ms. pgvector's advice for filters on a
 column with many values is partial indexes or partitions; an index `WHERE assistant_id = X`
 for each such assistant is the smaller change, and a search planned for its own values (see
-search.PLAN_CACHE_MODE) picks it by itself.
+search.planned_once) picks it by itself.
 
 Which assistants: those with more chunks than search.EXACT_MAX_CHUNKS (smaller ones are
 searched exactly) and at most MAX_SHARE of all chunks. The index is built with CREATE INDEX

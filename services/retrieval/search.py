@@ -125,19 +125,13 @@ SEARCHABLE = f"""
 # relaxed_order: filtering after an HNSW scan can leave too few rows, so the scan keeps going;
 # rows may come slightly out of order.
 ITERATIVE_SCAN = "relaxed_order"
-# Each search is planned for its own values. psycopg prepares a statement after its fifth use
-# on a connection, and Postgres then tries a generic plan, one that ignores the values: for the
-# full-text query, whose tsquery and row budget decide the plan, that took 20.3 against 13.9 ms
-# p50 (29.5 against 19.9 ms p95) at 100k chunks; planning it each time costs about 1.3 ms.
-PLAN_CACHE_MODE = "force_custom_plan"
-# The settings are set in one round trip: for the transaction (:local true), or once per
-# connection for reads outside a transaction (the HNSW ones matter only to HNSW scans, which
-# only this module runs; custom plans to every statement the connection runs).
+# The HNSW settings are set in one round trip: for the transaction (:local true), or once per
+# connection for reads outside a transaction (they matter only to HNSW scans, which only this
+# module runs).
 SEARCH_SETTINGS_SQL = text(
     "SELECT set_config('hnsw.ef_search',"
     " coalesce(:ef_search, current_setting('hnsw.ef_search', true), '40'), :local),"
-    " set_config('hnsw.iterative_scan', :iterative_scan, :local),"
-    " set_config('plan_cache_mode', :plan_cache_mode, :local)"
+    " set_config('hnsw.iterative_scan', :iterative_scan, :local)"
 )
 
 VECTOR_SQL = text(
@@ -378,6 +372,7 @@ def stored_candidates(
             "query": vector_parameter(s, query_vector),
             "limit": limit,
         },
+        prepare=planned_once(size),
     )
 
 
@@ -421,6 +416,7 @@ def held_candidates(
             "query": vector_parameter(s, query_vector),
             "limit": limit,
         },
+        prepare=False,  # a large assistant's (see planned_once)
     )
     if not rows or digest_of(rows[0]) != held.digest:
         held.stale = True  # the next search starts a fresh load, if none ran lately
@@ -456,28 +452,36 @@ def ef_search_for(index_chunks: int) -> int:
     return max(EF_SEARCH, LARGE_EF_SEARCH) if index_chunks > LARGE_CHUNKS else EF_SEARCH
 
 
-def use_search_settings(s: Session, ef_search: int | None = None) -> None:
-    """ef_search (when given; the full-text query has no use for it), iterative scans and
-    custom plans for the session's next search.
+def use_search_settings(s: Session, ef_search: int) -> None:
+    """ef_search and iterative scans for the session's next vector search.
 
     In a transaction they are set for it alone. Outside one (`Database.read`) they are set for
     the connection, once: the connection remembers what it was given.
     """
-    wanted = {
-        "ef_search": None if ef_search is None else str(ef_search),
-        "iterative_scan": ITERATIVE_SCAN,
-        "plan_cache_mode": PLAN_CACHE_MODE,
-    }
+    wanted = {"ef_search": str(ef_search), "iterative_scan": ITERATIVE_SCAN}
     conn = s.connection()
     if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
         s.execute(SEARCH_SETTINGS_SQL, {**wanted, "local": True})
         return
-    had = conn.info.get("search", {})
-    if ef_search is None:
-        wanted["ef_search"] = had.get("ef_search")  # whatever it was
-    if had != wanted:
+    if conn.info.get("search") != wanted:
         s.execute(SEARCH_SETTINGS_SQL, {**wanted, "local": False})
         conn.info["search"] = wanted
+
+
+def planned_once(size: AssistantSize) -> bool:
+    """Whether the assistant's searches may share one plan, or each is planned for its values.
+
+    A search's statement is prepared on its connection (psycopg's prepare=True) and Postgres
+    then plans it once for any values when that plan costs no more: for the assistants
+    searched exactly, whose few thousand chunks cost the same whatever the plan, planning each
+    search was a third of the full-text query's CPU (1.1 of 3.4 ms at 1,000 chunks) and a
+    quarter of the vector query's. A larger assistant's statements are never prepared, so
+    each is planned for its own values: only then is an assistant's own HNSW index (a partial
+    one, indexes.py) seen to serve it, and a generic plan of the full-text query, whose tsquery
+    and row budget decide the plan, took 20.3 against 13.9 ms p50 (29.5 against 19.9 ms p95)
+    at 100k chunks.
+    """
+    return size.chunks <= EXACT_MAX_CHUNKS
 
 
 def text_candidates(
@@ -487,12 +491,12 @@ def text_candidates(
     and by all the question's terms)."""
     if not query.strip():
         return []
-    use_search_settings(s)
+    size = assistant_size(s, tenant_id, assistant_id)
     return fetch(
         s,
         TEXT_SQL,
         {
-            **term_choice(s, tenant_id, assistant_id, query),
+            **term_choice(s, tenant_id, assistant_id, query, size.chunks),
             "tenant": tenant_id,
             "assistant": uuid.UUID(assistant_id),
             "weights": TEXT_RANK_WEIGHTS,
@@ -500,15 +504,23 @@ def text_candidates(
             "depth": TEXT_DEPTH_PER_CANDIDATE * limit,
             "limit": limit,
         },
+        prepare=planned_once(size),
     )
 
 
 def term_choice(
-    s: Session, tenant_id: str, assistant_id: str, query: str, budget: int = TEXT_BUDGET_ROWS
+    s: Session,
+    tenant_id: str,
+    assistant_id: str,
+    query: str,
+    chunks: int | None = None,
+    budget: int = TEXT_BUDGET_ROWS,
 ) -> dict[str, Any]:
-    """The parameters of CHOSEN_TERMS: the question, the term statistics and the budget."""
+    """The parameters of CHOSEN_TERMS: the question, the term statistics and the budget (the
+    assistant's chunks, when not given, are looked up)."""
     common, shares, floor = term_frequencies(s)
-    chunks = assistant_chunks(s, tenant_id, assistant_id)
+    if chunks is None:
+        chunks = assistant_chunks(s, tenant_id, assistant_id)
     budget = min(budget, max(TEXT_MIN_BUDGET_ROWS, int(chunks * TEXT_BUDGET_SHARE)))
     return {
         "query": query,

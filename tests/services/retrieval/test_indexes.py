@@ -36,7 +36,7 @@ def test_which_assistants_get_an_index_of_their_own():
 
 def plan(db, tenant, assistant, vector):
     def explain(s):
-        searching.use_search_settings(s)
+        searching.use_search_settings(s, searching.EF_SEARCH)
         # A few rows are cheaper to sort than to find through any index: plan as at scale,
         # where only an HNSW index gives the order, and let the planner pick which one.
         s.execute(text("SET LOCAL enable_seqscan = off"))

@@ -292,12 +292,12 @@ def test_search_settings_outside_a_transaction_stay_with_the_connection(settings
             s.execute(
                 text(
                     "SELECT current_setting('hnsw.ef_search', true),"
-                    " current_setting('plan_cache_mode')"
+                    " current_setting('hnsw.iterative_scan', true)"
                 )
             ).one()
         )
 
-    wanted = (str(searching.EF_SEARCH), searching.PLAN_CACHE_MODE)
+    wanted = (str(searching.EF_SEARCH), searching.ITERATIVE_SCAN)
 
     def vector_settings(s):
         searching.use_search_settings(s, searching.EF_SEARCH)
@@ -310,19 +310,51 @@ def test_search_settings_outside_a_transaction_stay_with_the_connection(settings
         single.read(vector_settings)
         assert single.read(shown) == wanted
         assert single.transact(shown) == wanted
-        # The full-text query's settings leave the vector query's breadth as it was.
-        single.read(searching.use_search_settings)
-        assert single.read(shown) == wanted
-        in_transaction = single.transact(
-            lambda s: (vector_settings(s), searching.use_search_settings(s), shown(s))
-        )
-        assert in_transaction[2] == wanted
         # FOOTNOTE_HNSW_EF_SEARCH: a connection that remembers the old value takes the new.
         searching.configure(ef_search=250)
         single.read(vector_settings)
-        assert single.read(shown) == ("250", searching.PLAN_CACHE_MODE)
+        assert single.read(shown) == ("250", searching.ITERATIVE_SCAN)
     finally:
         searching.configure(ef_search=int(wanted[0]))
+        single.dispose()
+
+
+def prepared(db: Database) -> list[str]:
+    """The statements prepared on the database's one pooled connection."""
+    return db.read(
+        lambda s: list(s.execute(text("SELECT statement FROM pg_prepared_statements")).scalars())
+    )
+
+
+async def test_only_a_small_assistant_s_searches_share_a_plan(
+    channel, make_key, settings, embedder, monkeypatch
+):
+    tenant = "plans-" + uuid.uuid4().hex[:6]
+    key = make_key(tenant)
+    assistant = await make_assistant(channel, key)
+    await ingest(pb_grpc.DocumentsServiceStub(channel), key, assistant, "leave.md", LEAVE)
+    single = Database(make_engine(settings.database_url or "", pool_size=1))
+    vector = embedder.embed_query("annual leave")
+
+    def search(s):
+        return searching.hybrid_search(
+            s, tenant_id=tenant, assistant_id=assistant, query="annual leave",
+            query_vector=vector, top_k=4,
+        )  # fmt: skip
+
+    try:
+        small = single.read(search)
+        assert any("ts_rank" in sql for sql in prepared(single))
+        assert any("<=>" in sql for sql in prepared(single))
+        single.read(lambda s: s.execute(text("DEALLOCATE ALL")))
+        single.dispose()  # psycopg forgets what it prepared with the connection
+        # Searched through HNSW: each statement planned for its own values, never prepared.
+        monkeypatch.setattr(searching, "EXACT_MAX_CHUNKS", -1)
+        monkeypatch.setattr(searching, "_sizes", {})
+        large = single.read(search)
+        assert not any("ts_rank" in sql or "<=>" in sql for sql in prepared(single))
+        assert [c.chunk_id for c in large] == [c.chunk_id for c in small]
+    finally:
         single.dispose()
 
 
@@ -454,7 +486,8 @@ async def test_terms_left_out_of_the_candidates_still_rank_them(channel, make_ke
     await ingest(docs, key, assistant, "c.txt", b"Annual leave is 25 days.")
     stats = ("{leav,day}", "{0.095,0.095}", 0.01)
     monkeypatch.setattr(searching, "term_frequencies", lambda s: stats)
-    monkeypatch.setattr(searching, "assistant_chunks", lambda s, t, a: 10_000)
+    size = searching.AssistantSize(10_000, exact=False, index_chunks=10_000)
+    monkeypatch.setattr(searching, "assistant_size", lambda s, t, a: size)
     question = "sick leave days"
     assert choose(db, question, ["leav", "day"], [0.095, 0.095], 0.01, 10_000, 1000) == "'sick'"
     rows = db.read(lambda s: searching.text_candidates(s, tenant, assistant, question, 20))
