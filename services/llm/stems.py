@@ -1,10 +1,11 @@
 """English Snowball stems that many threads can ask for at once.
 
-A snowballstemmer object keeps its working state in itself, so two threads sharing one get
-wrong stems or an IndexError; extractive answers are composed in worker threads, so each
-thread gets its own stemmer. A word's stem depends on the word alone and the same words come
-back in every answer, so stems are kept: stemming them again was most of the CPU of composing
-an extractive answer.
+A stemmer object keeps its working state in itself, so two threads sharing one get wrong stems
+or an IndexError; extractive answers are composed in worker threads, so each thread gets its
+own stemmer. snowballstemmer hands out PyStemmer's compiled stemmer when it is installed (a
+dependency: 15x as fast, the same stems), its own pure-Python one otherwise. A word's stem
+depends on the word alone and the same words come back in every answer, so stems are kept:
+stemming them again was most of the CPU of composing an extractive answer.
 """
 
 from __future__ import annotations
