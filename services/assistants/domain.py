@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from services.db.models import Assistant as AssistantRow
 from services.db.models import utcnow
-from services.db.session import fetch
+from services.db.session import Reader, fetch
 from services.errors import AlreadyExists, InvalidArgument, NotFound
 from services.fields import has_control
 from services.ids import parse_id
@@ -220,7 +220,7 @@ SETTINGS_SQL = text(
 )
 
 
-def get_settings(s: Session, tenant_id: str, assistant_id: str) -> AssistantSettings:
+def get_settings(s: Reader, tenant_id: str, assistant_id: str) -> AssistantSettings:
     """The tenant's assistant's settings; NOT_FOUND exactly as get_assistant."""
     rows = fetch(s, SETTINGS_SQL, {"id": parse_id(assistant_id), "tenant": tenant_id})
     if not rows:

@@ -25,10 +25,9 @@ from pgvector import Vector
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 from sqlalchemy import Row, text
-from sqlalchemy.orm import Session
 
 from services.citations import RetrievedChunk, ScoreKind, SourceLocation, join_heading
-from services.db.session import Database, fetch
+from services.db.session import Database, Reader, connection_of, fetch
 from services.observability.tracing import traced
 from services.retrieval import fusion, indexes
 from services.retrieval.fusion import diversify, fuse, normalize_score
@@ -317,10 +316,10 @@ class _QueryVectorDumper(Dumper):
         return Vector(obj.values).to_binary()
 
 
-def vector_parameter(s: Session, vector: Sequence[float]) -> QueryVector:
-    """The vector as a parameter of the session's next statement, its connection told once how
+def vector_parameter(s: Reader, vector: Sequence[float]) -> QueryVector:
+    """The vector as a parameter of the read's next statement, its connection told once how
     to send it (psycopg's global adapters reach only connections opened after a change)."""
-    conn = s.connection()
+    conn = connection_of(s)
     if not conn.info.get("query_vector"):
         conn.connection.driver_connection.adapters.register_dumper(QueryVector, _QueryVectorDumper)
         conn.info["query_vector"] = True
@@ -332,7 +331,7 @@ def candidate_limit(top_k: int) -> int:
 
 
 def vector_candidates(
-    s: Session, tenant_id: str, assistant_id: str, query_vector: Sequence[float], limit: int
+    s: Reader, tenant_id: str, assistant_id: str, query_vector: Sequence[float], limit: int
 ) -> list[Row[Any]]:
     """The nearest chunks by cosine, most similar first."""
     size = assistant_size(s, tenant_id, assistant_id)
@@ -344,7 +343,7 @@ def vector_candidates(
         rows = stored_candidates(s, tenant_id, assistant_id, size, query_vector, limit)
         if path == "index" and MEMORY is not None and rows:
             best = max(float(r.similarity) for r in rows)
-            MEMORY.walked(s.get_bind().engine, tenant_id, assistant_id, best)
+            MEMORY.walked(connection_of(s).engine, tenant_id, assistant_id, best)
     ON_VECTOR_SEARCH(path)
     # relaxed_order may return rows slightly out of order; the ranking must be exact.
     most_similar_first = [-r.similarity for r in rows]
@@ -354,7 +353,7 @@ def vector_candidates(
 
 
 def stored_candidates(
-    s: Session,
+    s: Reader,
     tenant_id: str,
     assistant_id: str,
     size: AssistantSize,
@@ -377,7 +376,7 @@ def stored_candidates(
 
 
 def index_walk(
-    s: Session, tenant_id: str, assistant_id: str, query_vector: Sequence[float], limit: int
+    s: Reader, tenant_id: str, assistant_id: str, query_vector: Sequence[float], limit: int
 ) -> list[float]:
     """The cosines of the chunks the vector query finds through HNSW (vector_memory.Walk)."""
     size = assistant_size(s, tenant_id, assistant_id)
@@ -387,7 +386,7 @@ def index_walk(
 
 
 def held_candidates(
-    s: Session,
+    s: Reader,
     tenant_id: str,
     assistant_id: str,
     size: AssistantSize,
@@ -398,7 +397,7 @@ def held_candidates(
     None when they are not held (a load is started if they fit) or the copy is stale."""
     if MEMORY is None:
         return None
-    engine = s.get_bind().engine
+    engine = connection_of(s).engine
     query = np.asarray(query_vector, dtype=np.float32)
     held = MEMORY.get(engine, tenant_id, assistant_id, size.chunks, query)
     if held is None or held.dim != len(query):
@@ -452,19 +451,19 @@ def ef_search_for(index_chunks: int) -> int:
     return max(EF_SEARCH, LARGE_EF_SEARCH) if index_chunks > LARGE_CHUNKS else EF_SEARCH
 
 
-def use_search_settings(s: Session, ef_search: int) -> None:
+def use_search_settings(s: Reader, ef_search: int) -> None:
     """ef_search and iterative scans for the session's next vector search.
 
     In a transaction they are set for it alone. Outside one (`Database.read`) they are set for
     the connection, once: the connection remembers what it was given.
     """
     wanted = {"ef_search": str(ef_search), "iterative_scan": ITERATIVE_SCAN}
-    conn = s.connection()
+    conn = connection_of(s)
     if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
-        s.execute(SEARCH_SETTINGS_SQL, {**wanted, "local": True})
+        conn.execute(SEARCH_SETTINGS_SQL, {**wanted, "local": True})
         return
     if conn.info.get("search") != wanted:
-        s.execute(SEARCH_SETTINGS_SQL, {**wanted, "local": False})
+        conn.execute(SEARCH_SETTINGS_SQL, {**wanted, "local": False})
         conn.info["search"] = wanted
 
 
@@ -485,7 +484,7 @@ def planned_once(size: AssistantSize) -> bool:
 
 
 def text_candidates(
-    s: Session, tenant_id: str, assistant_id: str, query: str, limit: int
+    s: Reader, tenant_id: str, assistant_id: str, query: str, limit: int
 ) -> list[Row[Any]]:
     """The chunks that share the question's rarest terms, best first (ranked by those terms
     and by all the question's terms)."""
@@ -509,7 +508,7 @@ def text_candidates(
 
 
 def term_choice(
-    s: Session,
+    s: Reader,
     tenant_id: str,
     assistant_id: str,
     query: str,
@@ -544,13 +543,13 @@ class AssistantSize:
 _sizes: dict[tuple[str, str, str], tuple[float, AssistantSize]] = {}
 
 
-def assistant_size(s: Session, tenant_id: str, assistant_id: str) -> AssistantSize:
+def assistant_size(s: Reader, tenant_id: str, assistant_id: str) -> AssistantSize:
     """How many chunks the assistant holds and how it is searched, cached for a minute.
 
     Only chooses how to search (exact or HNSW, which terms to rank): a stale answer changes
     the cost of a search, not which documents it may return.
     """
-    key = (str(s.get_bind().engine.url), tenant_id, assistant_id)
+    key = (str(connection_of(s).engine.url), tenant_id, assistant_id)
     now = time.monotonic()
     cached = _sizes.get(key)
     if cached is not None and cached[0] > now:
@@ -579,7 +578,7 @@ def assistant_size(s: Session, tenant_id: str, assistant_id: str) -> AssistantSi
     return size
 
 
-def assistant_chunks(s: Session, tenant_id: str, assistant_id: str) -> int:
+def assistant_chunks(s: Reader, tenant_id: str, assistant_id: str) -> int:
     return assistant_size(s, tenant_id, assistant_id).chunks
 
 
@@ -635,7 +634,7 @@ def rank(
 
 
 def hybrid_search(
-    s: Session,
+    s: Reader,
     *,
     tenant_id: str,
     assistant_id: str,
@@ -673,14 +672,18 @@ async def search(
         vector = await query_vector
         return await traced(
             "retrieval.vector",
-            db.run_read(lambda s: vector_candidates(s, tenant_id, assistant_id, vector, limit)),
+            db.run_read_core(
+                lambda conn: vector_candidates(conn, tenant_id, assistant_id, vector, limit)
+            ),
         )
 
     vector_rows, text_rows = await asyncio.gather(
         nearest(),
         traced(
             "retrieval.text",
-            db.run_read(lambda s: text_candidates(s, tenant_id, assistant_id, query, limit)),
+            db.run_read_core(
+                lambda conn: text_candidates(conn, tenant_id, assistant_id, query, limit)
+            ),
         ),
     )
     return rank(vector_rows, text_rows, top_k, score_threshold)

@@ -29,7 +29,8 @@ import time
 
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session
+
+from services.db.session import Reader, connection_of
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +79,14 @@ STALE_SQL = text(
 _term_stats: dict[str, tuple[float, str, str, float]] = {}
 
 
-def term_frequencies(s: Session) -> tuple[str, str, float]:
+def term_frequencies(s: Reader) -> tuple[str, str, float]:
     """The common terms and the share of chunks holding each (array literals for
     search.CHOSEN_TERMS), and a share for every other term; no terms and a share of 0 while
     the table has no statistics.
 
     Read from pg_stats, cached per database.
     """
-    key = str(s.get_bind().engine.url)
+    key = str(connection_of(s).engine.url)
     now = time.monotonic()
     cached = _term_stats.get(key)
     if cached is not None and cached[0] > now:

@@ -103,9 +103,14 @@ class Reads:
         return getattr(self.db, name)
 
     async def run_read(self, fn):
-        if fn.__qualname__ == "ChatEngine.answer.<locals>.load":
+        if fn.__qualname__ == "ChatEngine.answer.<locals>.read":
             self.log.append("assistant read")
         return await self.db.run_read(fn)
+
+    async def run_read_core(self, fn):
+        if fn.__qualname__.startswith("ChatEngine.answer.<locals>.load"):
+            self.log.append("assistant read")
+        return await self.db.run_read_core(fn)
 
 
 class Silent:
