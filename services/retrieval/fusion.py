@@ -78,16 +78,19 @@ def diversify(
     """
     if not ranked or top_k <= 0:
         return []
-    best = max(match_of(item) for item in ranked)
+    matches = list(map(match_of, ranked))  # each item's once: ranked is long, the kept few
+    best = max(matches)
     if best <= 0:
         return list(ranked[:top_k])
-    strong = {document_of(item) for item in ranked if match_of(item) >= well_matched * best}
+    floor = well_matched * best
+    strong = {document_of(item) for item, m in zip(ranked, matches, strict=True) if m >= floor}
     kept: list[T] = []
     held: list[T] = []
     taken: dict[object, int] = {}
     for item in ranked:
         document = document_of(item)
-        capped = bool(strong - {document})
+        # Capped while some other document matches well: strong holds one besides this one.
+        capped = len(strong) > (document in strong)
         if not capped or taken.get(document, 0) < max_per_document:
             taken[document] = taken.get(document, 0) + 1
             kept.append(item)

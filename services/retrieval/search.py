@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import operator
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Hashable, Sequence
@@ -592,7 +593,11 @@ K = TypeVar("K", bound=Hashable)
 def ties_broken(ranked: list[K], score: Callable[[K], Any], tie_key: Callable[[K], Any]) -> list[K]:
     """ranked (sorted by score) with each run of equal scores sorted by tie_key, which is
     computed for tied items only: ties are few, and reading every candidate's name, digest and
-    place took `rank` from 0.21 to 0.34 ms for 128 candidates."""
+    place took `rank` from 0.21 to 0.34 ms for 128 candidates. Most rankings have none, and
+    are returned as they are after one comparison of neighbours."""
+    scores = list(map(score, ranked))
+    if not any(map(operator.eq, scores, scores[1:])):
+        return ranked
     out: list[K] = []
     for _, run in itertools.groupby(ranked, key=score):
         tied = list(run)
