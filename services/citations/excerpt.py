@@ -59,8 +59,11 @@ def stem(word: str) -> str:
     return w
 
 
-def terms(text: str) -> set[str]:
-    return {stem(w) for w in _WORD.findall(text) if w.lower() not in _STOPWORDS}
+@functools.lru_cache(maxsize=256)
+def terms(text: str) -> frozenset[str]:
+    """The text's topic words, stemmed. Kept for the last questions: an answer asks for the
+    excerpts of all its sources with the same question."""
+    return frozenset(stem(w) for w in _WORD.findall(text) if w.lower() not in _STOPWORDS)
 
 
 def make_excerpt(text: str, limit: int, query: str = "") -> str:
@@ -77,7 +80,7 @@ def make_excerpt(text: str, limit: int, query: str = "") -> str:
         return flat
     if limit <= len(ELLIPSIS):
         return flat[:limit]
-    wanted = terms(query) if query else set()
+    wanted = terms(query) if query else frozenset()
     start = _best_window_start(flat, wanted, limit) if wanted else 0
     if start == 0:
         return _cut(flat, limit)
@@ -121,7 +124,7 @@ def _layout(
     return starts, sentences, tokens
 
 
-def _best_window_start(flat: str, wanted: set[str], limit: int) -> int:
+def _best_window_start(flat: str, wanted: frozenset[str], limit: int) -> int:
     """Where the excerpt covering the most question words starts; 0 when nothing matches.
 
     Candidates are word starts; a sentence start wins a tie, then the earlier one. A window

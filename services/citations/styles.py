@@ -19,10 +19,12 @@ def apply_style(
     sources: Sequence[CitationSource], style: CitationStyle
 ) -> tuple[CitationSource, ...]:
     """Fill `formatted` for every source; a MARKDOWN citation links to its download_url."""
-    labels = footnote_labels(sources)
+    # Only footnotes need labels, and telling the sources' apart compares every pair.
+    labels = footnote_labels(sources) if style is CitationStyle.FOOTNOTE else {}
     styled = []
     for source in sources:
-        text = format_source(source, style, link=source.download_url, label=labels[source.index])
+        label = labels.get(source.index, "")
+        text = format_source(source, style, link=source.download_url, label=label)
         styled.append(dataclasses.replace(source, formatted=text))
     return tuple(styled)
 
