@@ -7,7 +7,12 @@ the code at `--baseline` (default: this branch's merge base with `main`; exporte
 `git archive`: the baseline of the ratio), and a bare grpc.aio server that returns a
 CompleteResponse of the same size (the ceiling). The assistant holds the
 1,000-chunk corpus of bench/corpus.py; RAG and citations are on. Every server is asked the
-same questions, and each concurrency its own: a server keeps recent questions' vectors.
+same questions, and each round its own: a server keeps recent questions' vectors.
+
+The servers take turns, `--rounds` times per concurrency, each round's order rotated, and the
+ratio printed is the median of the rounds' own ratios: on a machine whose speed drifts (a
+shared host's 2 cores ran the same server at 43 and at 64 req/s a few minutes apart), servers
+measured one after the other compared the drift as much as the code.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import dataclasses
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -154,7 +160,8 @@ async def load(target: str, requests: list[pb.CompleteRequest], concurrency: int
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--requests", type=int, default=200, help="per server and round")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 16])
     parser.add_argument(
         "--baseline",
@@ -172,19 +179,21 @@ async def main() -> None:
         db.dispose()
         endpoints = dataclasses.replace(stack.endpoints, database_url=c.url)
         metadata = (("authorization", f"Bearer {key}"),)
-        # Each concurrency gets questions of its own: the server keeps recent questions'
-        # vectors, so a question asked again (by the next concurrency's run) skips the model.
+        # Each round gets questions of its own: the server keeps recent questions' vectors, so
+        # a question asked again (by the next round) skips the model.
         per_run = WARM_UP + args.requests
+        rounds = len(args.concurrency) * args.rounds
         asked = [
             pb.CompleteRequest(
                 assistant_id=c.assistant_id,
                 messages=[pb.ChatMessage(role=pb.ROLE_USER, content=q)],
             )
-            for q, _ in corpus.questions(per_run * len(args.concurrency) + 1)
+            for q, _ in corpus.questions(per_run * rounds + 1)
         ]
         sample_request, asked = asked[-1], asked[:-1]
-        runs = {n: asked[i * per_run : (i + 1) * per_run] for i, n in enumerate(args.concurrency)}
-        results: dict[str, dict[int, tuple[float, int]]] = {}
+        runs = [asked[i * per_run : (i + 1) * per_run] for i in range(rounds)]
+        # results[server][concurrency]: (req/s, errors) of each round
+        results: dict[str, dict[int, list[tuple[float, int]]]] = {}
         with contextlib.ExitStack() as running:
             tree = running.enter_context(main_tree(args.baseline))
             # The baseline gets its own copy of the corpus, before this tree's servers connect.
@@ -209,21 +218,28 @@ async def main() -> None:
                 **servers,
                 "bare gRPC": running.enter_context(bare_unary(sample.SerializeToString())),
             }
-            for n in args.concurrency:
-                for name, target in servers.items():
-                    results.setdefault(name, {})[n] = await load(target, runs[n], n, metadata)
+            names = list(servers)
+            for i, n in enumerate(args.concurrency):
+                for r in range(args.rounds):
+                    questions = runs[i * args.rounds + r]
+                    for name in names[r % len(names) :] + names[: r % len(names)]:
+                        rate = await load(servers[name], questions, n, metadata)
+                        results.setdefault(name, {}).setdefault(n, []).append(rate)
         print(
-            f"unary Complete, extractive, {args.requests} requests, 1,000-chunk assistant; "
-            f"before = {args.baseline or 'the merge base with main'}"
+            f"unary Complete, extractive, {args.requests} requests x {args.rounds} rounds per "
+            f"server, 1,000-chunk assistant; before = {args.baseline or 'the merge base with main'}"
         )
         for n in args.concurrency:
-            before = results["before"][n][0]
-            print(f"  concurrency {n:2d}:")
+            before = [rate for rate, _ in results["before"][n]]
+            print(f"  concurrency {n:2d} (median of the rounds; the rounds' ratios):")
             for name, by_concurrency in results.items():
-                rate, errors = by_concurrency[n]
+                rates = [rate for rate, _ in by_concurrency[n]]
+                ratios = [rate / base for rate, base in zip(rates, before, strict=True)]
+                errors = sum(e for _, e in by_concurrency[n])
                 print(
-                    f"    {name:16s} {rate:8.1f} req/s  {rate / before:5.2f}x before  "
-                    f"errors {errors}"
+                    f"    {name:16s} {statistics.median(rates):8.1f} req/s  "
+                    f"{statistics.median(ratios):5.2f}x before "
+                    f"({' '.join(f'{x:.2f}' for x in ratios)})  errors {errors}"
                 )
     finally:
         stack.stop()
