@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.pq import ExecStatus
 from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Engine, TextClause, create_engine
 from sqlalchemy.engine import Dialect
@@ -164,7 +165,9 @@ def fetch(
     try:
         with driver.cursor(row_factory=namedtuple_row, binary=True) as cursor:
             cursor.execute(sql, params, prepare=prepare)
-            return cursor.fetchall() if cursor.description is not None else []
+            # The status, not cursor.description: that builds an object for every column.
+            result = cursor.pgresult
+            return cursor.fetchall() if result and result.status == ExecStatus.TUPLES_OK else []
     except psycopg.Error as err:
         dead = conn.dialect.is_disconnect(err, driver, None)
         if dead:
