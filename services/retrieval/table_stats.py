@@ -25,12 +25,15 @@ TERM_STATS_MISSING_SECONDS while there are none, so the first ones are used at o
 from __future__ import annotations
 
 import logging
+import re
 import time
+from dataclasses import dataclass
 
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import OperationalError
 
 from services.db.session import Reader, connection_of
+from services.llm.stems import stem_word
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +46,12 @@ TERM_STATS_MISSING_SECONDS = 5.0
 # takes minutes) holds the lock ANALYZE needs, and the statistics they leave will do.
 ANALYZE_LOCK_TIMEOUT = "200ms"
 
-# The statistics as array literals, passed back as they are: adapting a thousand terms and
-# shares to a query's parameters in Python cost more than the round trip this query saves.
-# The shares end with three more numbers (two bounds and the share of NULLs), which unnest
-# pairs with no term; the least share of a listed term bounds every term left out.
+# The shares end with three more numbers (two bounds and the share of NULLs), which pair with
+# no term; the least share of a listed term bounds every term left out.
 TERM_STATS_SQL = text(
     """
-    SELECT most_common_elems::text AS terms, most_common_elem_freqs::text AS shares,
+    SELECT CAST(CAST(most_common_elems AS text) AS text[]) AS terms,
+           most_common_elem_freqs AS shares,
            (SELECT min(f) FROM unnest(
               most_common_elem_freqs[1:array_length(most_common_elem_freqs, 1) - 3]) AS f
            ) AS least
@@ -76,29 +78,55 @@ STALE_SQL = text(
     """
 )
 
-_term_stats: dict[str, tuple[float, str, str, float]] = {}
+# Words as Postgres's parser splits them (letters and digits: an underscore separates), and
+# hyphenated words whole, which it stems as well as their parts ("sort-by" gives "sort-bi").
+_WORDS = re.compile(r"[^\W_]+(?:-[^\W_]+)*")
 
 
-def term_frequencies(s: Reader) -> tuple[str, str, float]:
-    """The common terms and the share of chunks holding each (array literals for
-    search.CHOSEN_TERMS), and a share for every other term; no terms and a share of 0 while
-    the table has no statistics.
+@dataclass(frozen=True)
+class TermShares:
+    """The commonest lexemes of chunks.tsv with the share of chunks holding each, and a share
+    for every other lexeme (floor): no lexemes and a share of 0 while there are no statistics."""
 
-    Read from pg_stats, cached per database.
-    """
+    shares: dict[str, float]
+    floor: float = 0.0
+
+    def of(self, question: str) -> tuple[list[str], list[float]]:
+        """The lexemes the question may hold and their shares, for search.CHOSEN_TERMS.
+
+        Postgres turns each word into its Snowball stem and any other token (a number, a
+        host, a path, a part of a hyphenated word) into its lowercase self, so every lexeme of
+        the question is a stem of one of its words or a piece of its lowercase text: those of
+        the listed lexemes are given, and the query pairs them with the lexemes Postgres finds.
+        A lexeme left out would only count as rare; on the 900 questions of the manual-page
+        corpus and the labelled set the terms chosen were the same as with every lexeme given.
+        """
+        lowered = question.lower()
+        words = _WORDS.findall(lowered)
+        stems = {stem_word(part) for word in words for part in {word, *word.split("-")}}
+        found = [term for term in self.shares if term in stems or term in lowered]
+        return found, [self.shares[term] for term in found]
+
+
+NO_TERM_SHARES = TermShares({})
+_term_stats: dict[str, tuple[float, TermShares]] = {}
+
+
+def term_frequencies(s: Reader) -> TermShares:
+    """The term shares of chunks.tsv, read from pg_stats and cached per database."""
     key = str(connection_of(s).engine.url)
     now = time.monotonic()
     cached = _term_stats.get(key)
     if cached is not None and cached[0] > now:
-        return cached[1], cached[2], cached[3]
+        return cached[1]
     row = s.execute(TERM_STATS_SQL).first()
-    terms, shares, floor, ttl = "{}", "{}", 0.0, TERM_STATS_MISSING_SECONDS
+    stats, ttl = NO_TERM_SHARES, TERM_STATS_MISSING_SECONDS
     if row is not None and row.terms:
-        terms, shares, ttl = row.terms, row.shares, TERM_STATS_SECONDS
         # A term left out of the list is rarer than every term on it.
-        floor = float(row.least) / 2
-    _term_stats[key] = (now + ttl, terms, shares, floor)
-    return terms, shares, floor
+        stats = TermShares(dict(zip(row.terms, row.shares, strict=False)), float(row.least) / 2)
+        ttl = TERM_STATS_SECONDS
+    _term_stats[key] = (now + ttl, stats)
+    return stats
 
 
 def analyze_when_grown(conn: Connection) -> list[str]:

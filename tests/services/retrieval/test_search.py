@@ -19,6 +19,7 @@ from services.retrieval.embeddings import create_embedder
 from services.retrieval.fusion import fuse
 from services.retrieval.search import hybrid_search
 from services.retrieval.search import search as hybrid_search_concurrently
+from services.retrieval.table_stats import TermShares
 from tests.support import bearer, ingest
 
 pytestmark = pytest.mark.usefixtures("worker")
@@ -437,7 +438,7 @@ def test_candidates_are_ranked_by_at_most_the_rarest_rank_terms(db, monkeypatch)
     ranking = db.read(lambda s: s.execute(every, params).scalar_one()).split(" | ")
     assert sorted(t.strip("'") for t in ranking) == sorted(words[8:])
     # The search passes the module's cap.
-    monkeypatch.setattr(searching, "term_frequencies", lambda s: ("{}", "{}", 0.0))
+    monkeypatch.setattr(searching, "term_frequencies", lambda s: TermShares({}))
     monkeypatch.setattr(searching, "assistant_chunks", lambda s, t, a: 1000)
     chosen = searching.term_choice(None, "t", "a", "q")
     assert chosen["rank_terms"] == searching.TEXT_RANK_TERMS
@@ -466,7 +467,7 @@ def test_terms_in_many_chunks_do_not_rank(db):
 
 
 def test_a_smaller_assistant_ranks_at_most_half_its_chunks(monkeypatch):
-    monkeypatch.setattr(searching, "term_frequencies", lambda s: ("{}", "{}", 0.0))
+    monkeypatch.setattr(searching, "term_frequencies", lambda s: TermShares({}))
     for chunks, budget in ((40, 64), (1000, 500), (10**6, searching.TEXT_BUDGET_ROWS)):
         monkeypatch.setattr(searching, "assistant_chunks", lambda s, t, a, n=chunks: n)
         assert searching.term_choice(None, "t", "a", "leave")["budget"] == budget
@@ -484,7 +485,7 @@ async def test_terms_left_out_of_the_candidates_still_rank_them(channel, make_ke
     await ingest(docs, key, assistant, "a.txt", b"Sick notes go to the office.")
     await ingest(docs, key, assistant, "b.txt", b"Sick leave is ten days a year.")
     await ingest(docs, key, assistant, "c.txt", b"Annual leave is 25 days.")
-    stats = ("{leav,day}", "{0.095,0.095}", 0.01)
+    stats = TermShares({"leav": 0.095, "day": 0.095}, 0.01)
     monkeypatch.setattr(searching, "term_frequencies", lambda s: stats)
     size = searching.AssistantSize(10_000, exact=False, index_chunks=10_000)
     monkeypatch.setattr(searching, "assistant_size", lambda s, t, a: size)

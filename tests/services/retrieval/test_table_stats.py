@@ -103,16 +103,39 @@ def test_missing_statistics_are_read_again_within_seconds(own_chunks, monkeypatc
     monkeypatch.setattr(table_stats, "_term_stats", {})
     session = Session(bind=own_chunks)
     add_chunks(own_chunks, 10, "annual leave")
-    assert table_stats.term_frequencies(session) == ("{}", "{}", 0.0)
+    assert table_stats.term_frequencies(session) == table_stats.TermShares({}, 0.0)
     assert table_stats.analyze_when_grown(own_chunks)
     clock[0] += table_stats.TERM_STATS_MISSING_SECONDS + 1
-    terms, shares, floor = table_stats.term_frequencies(session)
-    assert "annual" in terms and shares != "{}" and floor > 0
+    stats = table_stats.term_frequencies(session)
+    assert stats.shares["annual"] > 0 and stats.floor > 0
     # Statistics found are kept for longer: a new analysis is read TERM_STATS_SECONDS later.
     add_chunks(own_chunks, 20, "sick days")
     own_chunks.execute(text("ANALYZE chunks"))
     own_chunks.commit()
     clock[0] += table_stats.TERM_STATS_MISSING_SECONDS + 1
-    assert table_stats.term_frequencies(session)[0] == terms
+    assert table_stats.term_frequencies(session) == stats
     clock[0] += table_stats.TERM_STATS_SECONDS
-    assert "sick" in table_stats.term_frequencies(session)[0]
+    assert "sick" in table_stats.term_frequencies(session).shares
+
+
+QUESTIONS = [
+    "Xft uses these names: FT_Face, FT_Library, and SIMPLEQ_EMPTY entries",
+    "gcloud alpha network-services tls-routes list --sort-by=NAME",
+    "Which policies apply to the family's libraries, and to state-of-the-art skies?",
+    "mail root@example.com or see https://example.org/a/b.html and /usr/local/bin",
+    "version 1.2.3, -42.5e3 and 0x1F; dying, lying and ugly early singly",
+    "Naïve café déjà vu: Über STRASSE",
+]
+
+
+@pytest.mark.parametrize("question", QUESTIONS)
+def test_the_shares_given_cover_every_lexeme_postgres_finds(db, question):
+    lexemes = db.read(
+        lambda s: s.execute(
+            text("SELECT tsvector_to_array(to_tsvector('english', :q))"), {"q": question}
+        ).scalar_one()
+    )
+    stats = table_stats.TermShares({**dict.fromkeys(lexemes, 0.1), "unrelated": 0.2}, 0.01)
+    terms, shares = stats.of(question)
+    assert set(terms) == set(lexemes)  # every one, and nothing the question cannot hold
+    assert shares == [0.1] * len(terms)
