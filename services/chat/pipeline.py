@@ -292,7 +292,7 @@ class ChatEngine:
                 return await self.db.run_read(read)
             # The usual answer reads its assistant alone, which needs no ORM session.
             return (
-                await self.db.run_read_core(
+                await self.db.run_autocommit(
                     lambda conn: get_settings(conn, tenant_id, inp.assistant_id)
                 ),
                 None,

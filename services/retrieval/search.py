@@ -683,7 +683,7 @@ async def search(
         vector = await query_vector
         return await traced(
             "retrieval.vector",
-            db.run_read_core(
+            db.run_autocommit(
                 lambda conn: vector_candidates(conn, tenant_id, assistant_id, vector, limit)
             ),
         )
@@ -692,7 +692,7 @@ async def search(
         nearest(),
         traced(
             "retrieval.text",
-            db.run_read_core(
+            db.run_autocommit(
                 lambda conn: text_candidates(conn, tenant_id, assistant_id, query, limit)
             ),
         ),

@@ -107,10 +107,10 @@ class Reads:
             self.log.append("assistant read")
         return await self.db.run_read(fn)
 
-    async def run_read_core(self, fn):
+    async def run_autocommit(self, fn):
         if fn.__qualname__.startswith("ChatEngine.answer.<locals>.load"):
             self.log.append("assistant read")
-        return await self.db.run_read_core(fn)
+        return await self.db.run_autocommit(fn)
 
 
 class Silent:

@@ -127,13 +127,13 @@ def test_fetch_invalidates_a_dead_connection_and_says_so(db, single):
     assert single.read(work) == (True, True)
 
 
-def test_read_core_commits_each_statement_on_its_own_and_replaces_a_dropped_connection(db, single):
+def test_autocommit_commits_each_statement_on_its_own_and_replaces_a_dropped_connection(db, single):
     def two_ids(conn):
         return [conn.execute(text("SELECT txid_current()")).scalar_one() for _ in range(2)]
 
-    first, second = single.read_core(two_ids)
+    first, second = single.autocommit(two_ids)
     assert first != second
     pid = text("SELECT pg_backend_pid() AS pid")
-    dropped = single.read_core(lambda conn: fetch(conn, pid))[0].pid
+    dropped = single.autocommit(lambda conn: fetch(conn, pid))[0].pid
     terminate(db, dropped)
-    assert single.read_core(lambda conn: fetch(conn, pid))[0].pid != dropped
+    assert single.autocommit(lambda conn: fetch(conn, pid))[0].pid != dropped
