@@ -37,8 +37,14 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
         # Recycling keeps connections younger than a proxy's or server's idle timeout.
         pool_pre_ping=False,
         pool_recycle=600,
-        # A statement that hangs must not hold an RPC or a task forever.
-        connect_args={"connect_timeout": 10, "options": "-c statement_timeout=60000"},
+        # A statement that hangs must not hold an RPC or a task forever. Sessions run in UTC,
+        # whatever the server's default: psycopg then reads a timestamptz with the fixed UTC
+        # offset instead of converting each through a zoneinfo zone (for 'Etc/UTC' that was
+        # 2 us a value, half the cost of reading a search's candidate rows).
+        connect_args={
+            "connect_timeout": 10,
+            "options": "-c statement_timeout=60000 -c TimeZone=UTC",
+        },
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError, ProgrammingError
@@ -137,3 +139,15 @@ def test_autocommit_commits_each_statement_on_its_own_and_replaces_a_dropped_con
     dropped = single.autocommit(lambda conn: fetch(conn, pid))[0].pid
     terminate(db, dropped)
     assert single.autocommit(lambda conn: fetch(conn, pid))[0].pid != dropped
+
+
+def test_sessions_read_timestamps_in_utc_whatever_the_server_default(db):
+    moment = text(
+        "SELECT timestamptz '2026-03-29 01:30:00+02' AS t, current_setting('TimeZone') AS tz"
+    )
+
+    row = db.autocommit(lambda conn: fetch(conn, moment))[0]
+
+    assert row.tz == "UTC"
+    assert row.t == datetime(2026, 3, 28, 23, 30, tzinfo=UTC)
+    assert row.t.tzinfo is UTC
