@@ -438,19 +438,26 @@ class ChatEngine:
                 "mode": stats.mode.value,
             },
         }
-        conversation_id, message_id = await self.db.run(
-            lambda s: store.store_exchange(
-                s,
-                tenant_id=tenant_id,
-                assistant_id=inp.assistant_id,
-                conversation_id=inp.conversation_id,
-                new_turns=inp.messages,
-                answer=text,
-                citations=snapshot,
-                response=response,
-                request_id=inp.request_id,
-            )
+        exchange = store.Exchange(
+            tenant_id=tenant_id,
+            assistant_id=inp.assistant_id,
+            new_turns=inp.messages,
+            answer=text,
+            citations=snapshot,
+            response=response,
+            request_id=inp.request_id,
         )
+        if inp.conversation_id:
+            conversation_id, message_id = await self.db.run(
+                lambda s: store.store_exchange(s, exchange, inp.conversation_id)
+            )
+        else:
+            # One statement, with no BEGIN and COMMIT around it; its rows' ids are chosen here,
+            # so if a dead connection makes Database run it again, it is written once.
+            new = store.new_conversation(exchange)
+            conversation_id, message_id = await self.db.run_autocommit(
+                lambda conn: store.write_new_conversation(conn, new)
+            )
         if citations is not None:
             # Presenting signs the download links (PUBLIC links by the links worker pool).
             citations = await traced(

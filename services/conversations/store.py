@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from services.citations import DocumentVersion
 from services.db.models import Conversation, Message, utcnow
 from services.db.models import Document as DocumentRow
-from services.db.session import fetch
+from services.db.session import Reader, fetch
 from services.errors import InvalidArgument, NotFound
 from services.ids import parse_id
 from services.pagination import (
@@ -116,30 +116,25 @@ def answered_request(s: Session, message_id: str) -> tuple[str, str]:
     return (str(conversation.assistant_id) if conversation else ""), question or ""
 
 
-def store_exchange(
-    s: Session,
-    *,
-    tenant_id: str,
-    assistant_id: str,
-    conversation_id: str,
-    new_turns: Sequence[Turn],
-    answer: str,
-    citations: dict[str, Any] | None,
-    response: dict[str, Any],
-    request_id: str,
-) -> tuple[str, str]:
-    """Appends the request's turns and the answer; returns (conversation id, message id)."""
+@dataclass(frozen=True)
+class Exchange:
+    """What one answered request adds to a conversation: its turns and the answer."""
+
+    tenant_id: str
+    assistant_id: str
+    new_turns: Sequence[Turn]
+    answer: str
+    citations: dict[str, Any] | None
+    response: dict[str, Any]
+    request_id: str
+
+
+def store_exchange(s: Session, exchange: Exchange, conversation_id: str = "") -> tuple[str, str]:
+    """Appends the exchange to the conversation, or starts one; returns (conversation id,
+    message id)."""
     if not conversation_id:
-        return _store_new_conversation(
-            s,
-            tenant_id=tenant_id,
-            assistant_id=assistant_id,
-            new_turns=new_turns,
-            answer=answer,
-            citations=citations,
-            response=response,
-            request_id=request_id,
-        )
+        return write_new_conversation(s, new_conversation(exchange))
+    tenant_id, new_turns = exchange.tenant_id, exchange.new_turns
     now = utcnow()
     conversation = find_conversation(s, tenant_id, conversation_id, field="conversation_id")
     # Lock the conversation so two answers to it get distinct sequence numbers.
@@ -172,10 +167,10 @@ def store_exchange(
         tenant_id=tenant_id,
         seq=seq + 1,
         role="assistant",
-        content=answer,
-        request_id=request_id or None,
-        citations=citations,
-        response=response,
+        content=exchange.answer,
+        request_id=exchange.request_id or None,
+        citations=exchange.citations,
+        response=exchange.response,
         create_time=now,
     )
     s.add(answer_row)
@@ -185,50 +180,55 @@ def store_exchange(
 
 # A new conversation and all its messages in one statement: one round trip, and none of the
 # ORM's unit of work, which was most of the CPU of storing an exchange. The foreign keys are
-# checked at the end of the statement, when the conversation is there.
+# checked at the end of the statement, when the conversation is there. Every row's id is chosen
+# before the statement runs and a row whose id is there already is skipped, so the statement
+# may run again after a connection died without knowing whether it had committed.
 NEW_CONVERSATION_SQL = text(
     """
     WITH conversation AS (
       INSERT INTO conversations
         (id, tenant_id, assistant_id, title, message_count, create_time, update_time)
       VALUES (:conversation_id, :tenant_id, :assistant_id, :title, :message_count, :now, :now)
+      ON CONFLICT (id) DO NOTHING
     ), turns AS (
       INSERT INTO messages (id, conversation_id, tenant_id, seq, role, content, create_time)
       SELECT t.id, :conversation_id, :tenant_id, t.seq, t.role, t.content, :now
       FROM unnest(CAST(:turn_ids AS uuid[]), CAST(:roles AS text[]), CAST(:contents AS text[]))
         WITH ORDINALITY AS t(id, role, content, seq)
+      ON CONFLICT (id) DO NOTHING
     )
     INSERT INTO messages
       (id, conversation_id, tenant_id, seq, role, content, request_id, citations, response,
        create_time)
     VALUES (:answer_id, :conversation_id, :tenant_id, :answer_seq, 'assistant', :answer,
             :request_id, CAST(:citations AS jsonb), CAST(:response AS jsonb), :now)
+    ON CONFLICT (id) DO NOTHING
     """
 )
 
 
-def _store_new_conversation(
-    s: Session,
-    *,
-    tenant_id: str,
-    assistant_id: str,
-    new_turns: Sequence[Turn],
-    answer: str,
-    citations: dict[str, Any] | None,
-    response: dict[str, Any],
-    request_id: str,
-) -> tuple[str, str]:
-    """store_exchange for a new conversation: the rows the ORM wrote, in one INSERT."""
+@dataclass(frozen=True)
+class NewConversation:
+    """A new conversation's rows, ids and times chosen once: written twice, it is there once."""
+
+    conversation_id: uuid.UUID
+    answer_id: uuid.UUID
+    params: dict[str, Any]
+
+
+def new_conversation(exchange: Exchange) -> NewConversation:
+    """The rows store_exchange writes for an exchange that starts a conversation."""
+    new_turns = exchange.new_turns
     now = utcnow()
     conversation_id, answer_id = uuid.uuid4(), uuid.uuid4()
     first_question = next((t.content for t in new_turns if t.role == "user"), "")
-    fetch(
-        s,
-        NEW_CONVERSATION_SQL,
+    return NewConversation(
+        conversation_id,
+        answer_id,
         {
             "conversation_id": conversation_id,
-            "tenant_id": tenant_id,
-            "assistant_id": uuid.UUID(assistant_id),
+            "tenant_id": exchange.tenant_id,
+            "assistant_id": uuid.UUID(exchange.assistant_id),
             "title": " ".join(first_question.split())[:TITLE_CHARS],
             "message_count": len(new_turns) + 1,
             "now": now,
@@ -237,14 +237,20 @@ def _store_new_conversation(
             "contents": [t.content for t in new_turns],
             "answer_id": answer_id,
             "answer_seq": len(new_turns) + 1,
-            "answer": answer,
-            "request_id": request_id or None,
+            "answer": exchange.answer,
+            "request_id": exchange.request_id or None,
             # As the ORM stored them: no citations is JSON null, not SQL NULL.
-            "citations": json.dumps(citations),
-            "response": json.dumps(response),
+            "citations": json.dumps(exchange.citations),
+            "response": json.dumps(exchange.response),
         },
     )
-    return str(conversation_id), str(answer_id)
+
+
+def write_new_conversation(s: Reader, new: NewConversation) -> tuple[str, str]:
+    """Writes a new conversation in one statement, which needs no transaction of its own;
+    returns (conversation id, message id)."""
+    fetch(s, NEW_CONVERSATION_SQL, new.params)
+    return str(new.conversation_id), str(new.answer_id)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from services.assistants.domain import create_assistant
 from services.conversations import store
@@ -19,19 +21,16 @@ def test_a_new_conversation_is_written_whole(db: Database) -> None:
     assistant = db.transact(lambda s: create_assistant(s, tenant, "store", {}))
     turns = [Turn("system", "Be brief."), Turn("user", "  What  is\nthe notice period? ")]
     request_id = f"r-{uuid.uuid4().hex}"
-    conversation_id, message_id = db.transact(
-        lambda s: store.store_exchange(
-            s,
-            tenant_id=tenant,
-            assistant_id=assistant.id,
-            conversation_id="",
-            new_turns=turns,
-            answer="Thirty days [1].",
-            citations=None,
-            response={"id": "cmpl-1", "finish_reason": "stop"},
-            request_id=request_id,
-        )
+    exchange = store.Exchange(
+        tenant_id=tenant,
+        assistant_id=assistant.id,
+        new_turns=turns,
+        answer="Thirty days [1].",
+        citations=None,
+        response={"id": "cmpl-1", "finish_reason": "stop"},
+        request_id=request_id,
     )
+    conversation_id, message_id = db.transact(lambda s: store.store_exchange(s, exchange))
 
     def rows(s):
         conversation = s.get(Conversation, uuid.UUID(conversation_id))
@@ -63,19 +62,49 @@ def test_a_new_conversation_is_written_whole(db: Database) -> None:
     stored = db.transact(lambda s: store.find_answer(s, tenant, request_id))
     assert stored is not None and stored.message_id == message_id
     assert stored.response == {"id": "cmpl-1", "finish_reason": "stop"}
-    db.transact(
-        lambda s: store.store_exchange(
-            s,
-            tenant_id=tenant,
-            assistant_id=assistant.id,
-            conversation_id=conversation_id,
-            new_turns=[Turn("user", "And after that?")],
-            answer="Nothing.",
-            citations={"sources": []},
-            response={},
-            request_id="",
-        )
+    follow_up = store.Exchange(
+        tenant_id=tenant,
+        assistant_id=assistant.id,
+        new_turns=[Turn("user", "And after that?")],
+        answer="Nothing.",
+        citations={"sources": []},
+        response={},
+        request_id="",
     )
+    db.transact(lambda s: store.store_exchange(s, follow_up, conversation_id))
     assert [(seq, role) for seq, role, *_ in db.transact(rows)[1]] == [
         (1, "system"), (2, "user"), (3, "assistant"), (4, "user"), (5, "assistant"),
     ]  # fmt: skip
+
+
+def test_a_new_conversation_written_twice_is_there_once(db: Database) -> None:
+    # The pipeline writes a new conversation outside a transaction; a connection found dead
+    # makes Database run the statement again, which must not store the exchange twice.
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    assistant = db.transact(lambda s: create_assistant(s, tenant, "store", {}))
+    exchange = store.Exchange(
+        tenant_id=tenant,
+        assistant_id=assistant.id,
+        new_turns=[Turn("user", "Who signs?")],
+        answer="The tenant [1].",
+        citations={"sources": []},
+        response={},
+        request_id=f"r-{uuid.uuid4().hex}",
+    )
+    new = store.new_conversation(exchange)
+
+    first = db.autocommit(lambda conn: store.write_new_conversation(conn, new))
+    second = db.autocommit(lambda conn: store.write_new_conversation(conn, new))
+
+    assert first == second
+    conversations, _ = db.transact(lambda s: store.list_conversations(s, tenant, 10, ""))
+    assert [c.id for c in conversations] == [first[0]] and conversations[0].message_count == 2
+    turns = db.transact(lambda s: store.earlier_turns(s, tenant, first[0], assistant.id))
+    assert [(t.role, t.content) for t in turns] == [
+        ("user", "Who signs?"),
+        ("assistant", "The tenant [1]."),
+    ]
+    # Only the same rows are skipped: another exchange with the request_id is still refused.
+    other = store.new_conversation(exchange)
+    with pytest.raises(IntegrityError):
+        db.autocommit(lambda conn: store.write_new_conversation(conn, other))
