@@ -177,17 +177,21 @@ class HeldAssistant:
         arrays = (self.ids, self.scales, self.offsets, *self.blocks)
         return sum(a.nbytes for a in arrays)
 
-    def candidates(self, query: Sequence[float], limit: int) -> list[uuid.UUID]:
+    def candidates(self, query: Sequence[float], limit: int) -> list[str]:
         """The ids of the chunks whose codes score best against the query, in no order, enough
-        of them to hold the `limit` nearest by cosine, the codes' rounding notwithstanding."""
+        of them to hold the `limit` nearest by cosine, the codes' rounding notwithstanding.
+
+        Each id is its 32 hex digits, which Postgres reads as a uuid: making 128 uuid.UUID
+        objects took 0.43 ms, on the path to an answer's first delta."""
         if self.chunks == 0 or limit <= 0:
             return []
         count = max(CANDIDATES_PER_RESULT * limit, MIN_CANDIDATES)
         products = scores(self.blocks, np.asarray(query, dtype=np.float32)) - self.offsets
         score = products * self.scales
         cut = self.chunks - count
-        top = np.argpartition(score, cut)[cut:] if cut > 0 else range(self.chunks)
-        return [uuid.UUID(bytes=self.ids[i].tobytes()) for i in top]
+        top = np.argpartition(score, cut)[cut:] if cut > 0 else slice(None)
+        digits = self.ids[top].tobytes().hex()
+        return [digits[i : i + 32] for i in range(0, len(digits), 32)]
 
 
 def encode(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -477,7 +481,8 @@ def index_recall(
 
 # The cosines of the nearest of some chunks, by their stored vectors.
 RANKED = """
-    SELECT 1 - (embedding <=> CAST(:query AS vector)) FROM chunks WHERE id = ANY(:ids)
+    SELECT 1 - (embedding <=> CAST(:query AS vector)) FROM chunks
+    WHERE id = ANY(CAST(:ids AS uuid[]))
     ORDER BY embedding <=> CAST(:query AS vector) LIMIT :limit
 """
 

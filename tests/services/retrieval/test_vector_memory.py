@@ -394,10 +394,10 @@ def test_the_candidates_are_the_nearest_by_cosine(monkeypatch):
     ids = [uuid.uuid4() for _ in range(5)]
     copy = held([[1, 0], [0, 1], [1, 1], [-1, 0], [-1, -1]], ids)
     # CANDIDATES_PER_RESULT (2) per result; the query's length does not matter.
-    assert set(copy.candidates(np.array([20.0, 0.0]), 1)) == {ids[0], ids[2]}
-    assert set(copy.candidates(np.array([0.0, 1.0]), 1)) == {ids[1], ids[2]}
+    assert set(copy.candidates(np.array([20.0, 0.0]), 1)) == {ids[0].hex, ids[2].hex}
+    assert set(copy.candidates(np.array([0.0, 1.0]), 1)) == {ids[1].hex, ids[2].hex}
     # Asked for more than it holds: all of them.
-    assert sorted(copy.candidates(np.array([1.0, 0.0]), 10)) == sorted(ids)
+    assert sorted(copy.candidates(np.array([1.0, 0.0]), 10)) == sorted(i.hex for i in ids)
 
 
 def test_blocks_are_scored_in_order():
