@@ -1,13 +1,17 @@
 """Unary Complete with the extractive generator: requests/s at concurrency 1 and 16.
 
     .venv/bin/python bench/complete.py
+    .venv/bin/python bench/complete.py --vectors real --requests 80 --rounds 5 --concurrency 16
 
 Servers on the same database, in the same run: this tree (once per event loop in `--loops`),
 the code at `--baseline` (default: this branch's merge base with `main`; exported with
 `git archive`: the baseline of the ratio), and a bare grpc.aio server that returns a
-CompleteResponse of the same size (the ceiling). The assistant holds the
-1,000-chunk corpus of bench/corpus.py; RAG and citations are on. Every server is asked the
-same questions, and each round its own: a server keeps recent questions' vectors.
+CompleteResponse of the same size (the ceiling). The assistant holds the 1,000-chunk corpus
+of bench/corpus.py: pseudo-words by default, where the extractive generator finds nothing to
+quote, or with `--vectors real` passages of manual pages asked real questions, which it
+answers by quoting (about 900 distinct questions: ask for fewer requests and rounds). RAG and
+citations are on. Every server is asked the same questions, and each round its own: a server
+keeps recent questions' vectors.
 
 The servers take turns, `--rounds` times per concurrency, each round's order rotated, and the
 ratio printed is the median of the rounds' own ratios: on a machine whose speed drifts (a
@@ -168,12 +172,19 @@ async def main() -> None:
         help="the git revision to compare with (default: the merge base with main); the "
         "issue's 54 / 82 req/s were measured on f58d6f6",
     )
+    parser.add_argument(
+        "--vectors",
+        choices=corpus.VECTORS,
+        default="random",
+        help="the corpus: pseudo-words (random, clustered), where the extractive generator "
+        "finds nothing to quote, or passages of manual pages asked real questions (real)",
+    )
     loop_option(parser, "event loops to run this tree's server on, each a server of its own")
     args = parser.parse_args()
 
     stack = corpus.start_stack()
     try:
-        c = corpus.open_corpus(stack, 1000)
+        c = corpus.open_corpus(stack, 1000, vectors=args.vectors)
         db = Database(make_engine(c.url, pool_size=1))
         key = db.transact(lambda s: auth.create_key(s, c.tenant_id))
         db.dispose()
@@ -188,7 +199,7 @@ async def main() -> None:
                 assistant_id=c.assistant_id,
                 messages=[pb.ChatMessage(role=pb.ROLE_USER, content=q)],
             )
-            for q, _ in corpus.questions(per_run * rounds + 1)
+            for q, _ in corpus.questions(per_run * rounds + 1, c)
         ]
         sample_request, asked = asked[-1], asked[:-1]
         runs = [asked[i * per_run : (i + 1) * per_run] for i in range(rounds)]
@@ -227,7 +238,8 @@ async def main() -> None:
                         results.setdefault(name, {}).setdefault(n, []).append(rate)
         print(
             f"unary Complete, extractive, {args.requests} requests x {args.rounds} rounds per "
-            f"server, 1,000-chunk assistant; before = {args.baseline or 'the merge base with main'}"
+            f"server, 1,000-chunk assistant ({args.vectors}); "
+            f"before = {args.baseline or 'the merge base with main'}"
         )
         for n in args.concurrency:
             before = [rate for rate, _ in results["before"][n]]
