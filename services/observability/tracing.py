@@ -4,7 +4,8 @@ Spans are always made, so every log line carries the trace id of the call or tas
 to. They leave the process only when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set: then a batch processor sends them over OTLP
 http/protobuf. Without one, no exporter and no export thread exist, and spans record nothing
-(`WhileExported`). `OTEL_SDK_DISABLED=true` turns tracing off altogether.
+unless their caller sampled the trace (`WhileExported`). `OTEL_SDK_DISABLED=true` turns
+tracing off altogether.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Sampler, SamplingResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, Sampler, SamplingResult
 from opentelemetry.trace import Status, StatusCode
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,14 @@ def tracer() -> trace.Tracer:
     return _tracer
 
 
+# While nothing is exported: a call whose caller sampled its trace keeps it sampled, so the
+# services it calls (an upstream model server that exports) still record their part; any
+# other span is not recorded.
+UNEXPORTED = ParentBased(root=ALWAYS_OFF)
+
+
 class WhileExported(Sampler):
-    """The configured sampler while spans go somewhere, and no span recorded while none do.
+    """The configured sampler while spans go somewhere, and UNEXPORTED while none do.
 
     A span that is not recorded still has its ids, so log lines keep their trace id, but it
     keeps no attributes or events and no processor sees it: a recorded span cost about three
@@ -54,7 +61,7 @@ class WhileExported(Sampler):
         self.exported = False
 
     def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
-        chosen = self.sampler if self.exported else ALWAYS_OFF
+        chosen = self.sampler if self.exported else UNEXPORTED
         return chosen.should_sample(*args, **kwargs)
 
     def get_description(self) -> str:

@@ -25,15 +25,22 @@ import json, os, threading
 from services.observability.tracing import setup_tracing
 provider = setup_tracing("probe")
 from opentelemetry import trace
+from opentelemetry.propagate import extract, inject
 with trace.get_tracer("p").start_as_current_span("s") as span:
     valid = span.get_span_context().is_valid
     recording = span.is_recording()
+# A call whose caller sampled its trace, and what it passes on to the services it calls.
+sampled = extract({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
+with trace.get_tracer("p").start_as_current_span("call", context=sampled):
+    carrier = {}
+    inject(carrier)
 print(json.dumps({
     "installed": provider is not None,
     "processors": 0 if provider is None else len(provider._active_span_processor._span_processors),
     "threads": sorted(t.name for t in threading.enumerate()),
     "valid_span": valid,
     "recording": recording,
+    "passed_on": carrier.get("traceparent", ""),
 }))
 """
 
@@ -56,6 +63,9 @@ def test_without_an_endpoint_spans_exist_but_nothing_exports():
     assert got["processors"] == 0
     assert got["threads"] == ["MainThread"]
     assert not got["recording"]  # with nowhere to go, a span keeps nothing
+    # ... but a trace the caller sampled stays sampled for the services this one calls.
+    trace_id, sampled = got["passed_on"].split("-")[1::2]
+    assert trace_id == "0af7651916cd43dd8448eb211c80319c" and sampled == "01"
 
 
 def test_an_endpoint_starts_the_otlp_batch_exporter():
