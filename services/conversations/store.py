@@ -209,10 +209,9 @@ NEW_CONVERSATION_SQL = text(
 
 @dataclass(frozen=True)
 class NewConversation:
-    """A new conversation's rows, ids and times chosen once: written twice, it is there once."""
+    """A new conversation's rows (NEW_CONVERSATION_SQL's parameters), ids and times chosen
+    once: written twice, it is there once."""
 
-    conversation_id: uuid.UUID
-    answer_id: uuid.UUID
     params: dict[str, Any]
 
 
@@ -223,8 +222,6 @@ def new_conversation(exchange: Exchange) -> NewConversation:
     conversation_id, answer_id = uuid.uuid4(), uuid.uuid4()
     first_question = next((t.content for t in new_turns if t.role == "user"), "")
     return NewConversation(
-        conversation_id,
-        answer_id,
         {
             "conversation_id": conversation_id,
             "tenant_id": exchange.tenant_id,
@@ -250,7 +247,7 @@ def write_new_conversation(s: Reader, new: NewConversation) -> tuple[str, str]:
     """Writes a new conversation in one statement, which needs no transaction of its own;
     returns (conversation id, message id)."""
     fetch(s, NEW_CONVERSATION_SQL, new.params)
-    return str(new.conversation_id), str(new.answer_id)
+    return str(new.params["conversation_id"]), str(new.params["answer_id"])
 
 
 @dataclass(frozen=True)

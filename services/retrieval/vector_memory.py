@@ -190,7 +190,12 @@ class HeldAssistant:
         score = products * self.scales
         cut = self.chunks - count
         top = np.argpartition(score, cut)[cut:] if cut > 0 else slice(None)
-        digits = self.ids[top].tobytes().hex()
+        return self.ids_at(top)
+
+    def ids_at(self, rows: Any) -> list[str]:
+        """The ids of these chunks (an index of rows), each as the 32 hex digits Postgres reads
+        as a uuid."""
+        digits = self.ids[rows].tobytes().hex()
         return [digits[i : i + 32] for i in range(0, len(digits), 32)]
 
 
@@ -449,8 +454,8 @@ def index_recall(
     nearest: list[float] = []
     with Session(engine) as s, s.begin():
         vectors = s.execute(
-            text("SELECT vector_send(embedding) FROM chunks WHERE id = ANY(:ids)"),
-            {"ids": [uuid.UUID(bytes=held.ids[i].tobytes()) for i in chosen]},
+            text("SELECT vector_send(embedding) FROM chunks WHERE id = ANY(CAST(:ids AS uuid[]))"),
+            {"ids": held.ids_at(chosen)},
         ).scalars()
         made = []
         for vector in unit_rows(list(vectors)):
