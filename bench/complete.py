@@ -38,7 +38,7 @@ from pathlib import Path
 import corpus
 import grpc
 import psycopg
-from harness import ROOT, footnote_server, free_port, loop_option, process
+from harness import ROOT, footnote_server, free_port, loop_option, machine, process
 
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import chat_service_pb2_grpc as pb_grpc
@@ -181,6 +181,7 @@ async def main() -> None:
     )
     loop_option(parser, "event loops to run this tree's server on, each a server of its own")
     args = parser.parse_args()
+    print(machine(), flush=True)
 
     stack = corpus.start_stack()
     try:

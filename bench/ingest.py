@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import machine
+
 GPL = Path("/usr/share/common-licenses/GPL-3")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -151,6 +153,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--long", action="store_true", help="same as --docs 3 --rounds 3")
     args = parser.parse_args()
+    print(machine(), flush=True)
     if args.long:
         args.docs, args.rounds = 3, 3
 

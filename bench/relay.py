@@ -25,7 +25,15 @@ from collections import Counter
 
 import corpus
 import grpc
-from harness import echo, footnote_server, loop_option, make_assistant, percentile, upstream
+from harness import (
+    echo,
+    footnote_server,
+    loop_option,
+    machine,
+    make_assistant,
+    percentile,
+    upstream,
+)
 
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import chat_service_pb2_grpc as pb_grpc
@@ -90,6 +98,7 @@ async def main() -> None:
         parser, "event loops to run Footnote on, each a server of its own (FOOTNOTE_EVENT_LOOP)"
     )
     args = parser.parse_args()
+    print(machine(), flush=True)
 
     stack = corpus.start_stack(corpus.state_dir().with_name("fnbench-relay"))
     try:

@@ -42,7 +42,7 @@ from sqlalchemy import text
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import corpus
-from harness import percentile
+from harness import machine, percentile
 
 from services.citations.spans import sentence_ranges
 from services.config import Settings
@@ -347,6 +347,7 @@ async def main() -> None:
     )
     parser.add_argument("--database-url", help="a built corpus database, instead of starting one")
     args = parser.parse_args()
+    print(machine(), flush=True)
     if args.always_hold:
         vector_memory.GOOD_RECALL = float("inf")
 

@@ -51,7 +51,7 @@ import corpus
 import grpc
 import httpx
 from complete import main_tree
-from harness import footnote_server, percentile, upstream
+from harness import footnote_server, machine, percentile, upstream
 
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import chat_service_pb2_grpc as pb_grpc
@@ -301,6 +301,7 @@ async def main() -> None:
         help="the upstream's own time to its first token",
     )
     args = parser.parse_args()
+    print(machine(), flush=True)
     if args.compare and args.server:
         parser.error("--compare and --server do not go together")
 
