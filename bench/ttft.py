@@ -305,7 +305,7 @@ async def main() -> None:
     if args.compare and args.server:
         parser.error("--compare and --server do not go together")
 
-    stack = corpus.start_stack()
+    stack = corpus.start_stack(scale=args.scale)
     sink = SpanSink()
     try:
         c = corpus.open_corpus(stack, args.scale, vectors=args.vectors)
