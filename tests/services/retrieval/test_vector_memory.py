@@ -13,11 +13,12 @@ from sqlalchemy import text
 
 from footnote.v1 import documents_service_pb2 as pb
 from footnote.v1 import documents_service_pb2_grpc as pb_grpc
+from services.db.session import Database, make_engine
 from services.retrieval import indexes, vector_memory
 from services.retrieval import search as searching
 from services.retrieval.embeddings import create_embedder
 from services.retrieval.vector_memory import Digest, HeldAssistant, VectorMemory
-from tests.services.retrieval.test_search import COFFEE, LEAVE, THIRD, make_assistant
+from tests.services.retrieval.test_search import COFFEE, LEAVE, THIRD, make_assistant, prepared
 from tests.support import bearer, ingest
 
 pytestmark = pytest.mark.usefixtures("worker")
@@ -123,6 +124,23 @@ async def test_memory_finds_what_exact_search_finds(
     assert told == ["memory"]
     # Another tenant naming the same assistant finds nothing, held or not.
     assert nearest(db, embedder, "someone-else", assistant) == []
+
+
+async def test_the_held_query_shares_one_plan(
+    channel, make_key, settings, embedder, memory, served
+):
+    # A large assistant's other statements are planned for their values (search.planned_once);
+    # reading the held candidates' rows is planned once for all.
+    tenant = "memplan-" + uuid.uuid4().hex[:6]
+    _, assistant, _, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
+    single = Database(make_engine(settings.database_url or "", pool_size=1))
+    try:
+        found = held_search(single, embedder, memory, tenant, assistant)
+        assert served[-1] is True
+        assert any("WITH now AS MATERIALIZED" in sql for sql in prepared(single))
+        assert same(found, exact(single, embedder, tenant, assistant))
+    finally:
+        single.dispose()
 
 
 async def test_a_new_document_is_found_at_once_and_the_copy_is_loaded_again(
