@@ -217,9 +217,9 @@ async def run_echo(port: int, deltas: int) -> None:
 
 def machine() -> str:
     """The cores and vector instructions a run measured on. onnxruntime's 8-bit products (a
-    question's embedding, the scores of vectors held in memory) took 2-4 times as long on
-    AVX2 cores as on AVX-512 cores with VNNI, so figures compare only between runs whose line
-    says the same."""
+    question's embedding, the scores of vectors held in memory) took 2 to 4.5 times as long
+    on AVX2 cores as on AVX-512 cores with VNNI, so figures compare only between runs whose
+    line says the same."""
     model, flags = "an unknown CPU", set()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():

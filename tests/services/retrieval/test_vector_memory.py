@@ -126,11 +126,9 @@ async def test_memory_finds_what_exact_search_finds(
     assert nearest(db, embedder, "someone-else", assistant) == []
 
 
-async def test_the_held_query_shares_one_plan(
-    channel, make_key, settings, embedder, memory, served
-):
+async def test_the_held_query_is_prepared(channel, make_key, settings, embedder, memory, served):
     # A large assistant's other statements are planned for their values (search.planned_once);
-    # reading the held candidates' rows is planned once for all.
+    # the read of the held candidates' rows is prepared, for Postgres to keep one plan.
     tenant = "memplan-" + uuid.uuid4().hex[:6]
     _, assistant, _, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
     single = Database(make_engine(settings.database_url or "", pool_size=1))
