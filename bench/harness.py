@@ -245,16 +245,11 @@ def machine() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["upstream", "echo", "machine"])
-    parser.add_argument("--port", type=int)
+    parser.add_argument("role", choices=["upstream", "echo"])
+    parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--deltas", type=int, default=2000)
     parser.add_argument("--first-delay-ms", type=float, default=0.0)
     args = parser.parse_args()
-    if args.role == "machine":
-        print(machine())
-        return
-    if args.port is None:
-        parser.error(f"{args.role} needs --port")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if args.role == "upstream":
         asyncio.run(run_upstream(args.port, args.deltas, args.first_delay_ms))

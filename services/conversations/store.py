@@ -129,11 +129,9 @@ class Exchange:
     request_id: str
 
 
-def store_exchange(s: Session, exchange: Exchange, conversation_id: str = "") -> tuple[str, str]:
-    """Appends the exchange to the conversation, or starts one; returns (conversation id,
-    message id)."""
-    if not conversation_id:
-        return write_new_conversation(s, new_conversation(exchange))
+def store_exchange(s: Session, exchange: Exchange, conversation_id: str) -> tuple[str, str]:
+    """Appends the exchange to the conversation; returns (conversation id, message id). An
+    exchange that starts a conversation is written by write_new_conversation."""
     tenant_id, new_turns = exchange.tenant_id, exchange.new_turns
     now = utcnow()
     conversation = find_conversation(s, tenant_id, conversation_id, field="conversation_id")
@@ -216,7 +214,7 @@ class NewConversation:
 
 
 def new_conversation(exchange: Exchange) -> NewConversation:
-    """The rows store_exchange writes for an exchange that starts a conversation."""
+    """The rows of a conversation the exchange starts."""
     new_turns = exchange.new_turns
     now = utcnow()
     conversation_id, answer_id = uuid.uuid4(), uuid.uuid4()

@@ -1,5 +1,5 @@
-"""store_exchange writes a new conversation in one statement: the rows must be what a reader
-of history and a replayed request_id expect."""
+"""A new conversation is written in one statement (write_new_conversation): the rows must be
+what a reader of history, a replayed request_id and store_exchange's next exchange expect."""
 
 from __future__ import annotations
 
@@ -30,7 +30,10 @@ def test_a_new_conversation_is_written_whole(db: Database) -> None:
         response={"id": "cmpl-1", "finish_reason": "stop"},
         request_id=request_id,
     )
-    conversation_id, message_id = db.transact(lambda s: store.store_exchange(s, exchange))
+    new = store.new_conversation(exchange)
+    conversation_id, message_id = db.autocommit(
+        lambda conn: store.write_new_conversation(conn, new)
+    )
 
     def rows(s):
         conversation = s.get(Conversation, uuid.UUID(conversation_id))
