@@ -119,9 +119,7 @@ def tuned(stack: EmbeddedStack, scale: int = 0) -> EmbeddedStack:
     url = stack.endpoints.database_url.replace("postgresql+psycopg://", "postgresql://")
     wanted = shared_buffers(scale)
     with psycopg.connect(url, autocommit=True) as conn:
-        now = conn.execute(
-            "SELECT setting::bigint * 8192 FROM pg_settings WHERE name = 'shared_buffers'"
-        ).fetchone()[0]
+        now = conn.execute("SELECT pg_size_bytes(current_setting('shared_buffers'))").fetchone()[0]
         if now == wanted:
             return stack
         conn.execute(f"ALTER SYSTEM SET shared_buffers = '{wanted // 2**20}MB'")
