@@ -12,7 +12,7 @@ import sys
 
 import grpc
 import pytest
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -24,7 +24,7 @@ PROBE = """
 import json, os, threading
 from services.observability.tracing import setup_tracing
 provider = setup_tracing("probe")
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.propagate import extract, inject
 with trace.get_tracer("p").start_as_current_span("s") as span:
     valid = span.get_span_context().is_valid
@@ -183,3 +183,42 @@ async def test_a_stream_closed_early_from_another_context_ends_its_span_quietly(
     assert span.name == "footnote.v1.Chat/Stream"
     assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
     assert span.attributes["footnote.request_id"] == "closed-early"
+
+
+@pytest.fixture
+def unexported(monkeypatch) -> TracerProvider:
+    """A provider set up as the server's is with no endpoint: nothing exported."""
+    provider = TracerProvider()
+    provider.sampler = tracing.WhileExported(provider.sampler)
+    monkeypatch.setattr(tracing, "_provider", provider)
+    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("footnote"))
+    return provider
+
+
+async def current_span_id() -> int:
+    return trace.get_current_span().get_span_context().span_id
+
+
+async def test_unsampled_work_runs_in_its_calls_span(unexported):
+    # A span nothing would record is not started: the work's log lines keep the call's ids.
+    with unexported.get_tracer("t").start_as_current_span("call") as call:
+        assert call.get_span_context().is_valid and not call.is_recording()
+        assert await tracing.traced("work", current_span_id()) == call.get_span_context().span_id
+        streamed = [span_id async for _, span_id in tracing.traced_stream("gen", source())]
+        assert streamed == [call.get_span_context().span_id] * 3
+
+
+async def test_a_sampled_call_still_gets_its_child_spans(unexported):
+    sampled = propagate.extract(
+        {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    )
+    with unexported.get_tracer("t").start_as_current_span("call", context=sampled) as call:
+        assert call.is_recording()
+        assert await tracing.traced("work", current_span_id()) != call.get_span_context().span_id
+        streamed = {span_id async for _, span_id in tracing.traced_stream("gen", source())}
+        assert len(streamed) == 1 and call.get_span_context().span_id not in streamed
+
+
+async def test_work_outside_any_call_gets_a_span_of_its_own(unexported):
+    # Its log lines then carry a trace id, which running in no span would lose.
+    assert await tracing.traced("work", current_span_id()) != 0
