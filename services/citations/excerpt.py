@@ -102,26 +102,30 @@ def _cut(flat: str, limit: int) -> str:
     return (head or flat[:room]) + ELLIPSIS
 
 
-# Chunks whose word layout is kept between questions (a few kilobytes each): the same chunks
-# come back for related questions, and finding their words, stems and sentence starts again
-# was most of the cost of an excerpt.
+# Chunks whose word layout is kept between questions (about 11 kB each for chunks of manual
+# pages, 44 MB at most): the same chunks come back for related questions, and finding their
+# words, stems and sentence starts again was most of the cost of an excerpt.
 LAYOUT_CACHE = 4096
+
+
+Token = tuple[int, int, str]  # a topic word's start, end and stem
 
 
 @functools.lru_cache(maxsize=LAYOUT_CACHE)
 def _layout(
     flat: str,
-) -> tuple[tuple[int, ...], frozenset[int], tuple[tuple[int, int, str], ...]]:
-    """A flat text's word starts, sentence starts, and (start, end, stem) of its topic words."""
+) -> tuple[tuple[int, ...], frozenset[int], dict[str, tuple[Token, ...]]]:
+    """A flat text's word starts, sentence starts, and its topic words by stem, each stem's
+    in text order."""
     # flat has single spaces between words (make_excerpt joins them so).
     starts = tuple(itertools.accumulate((len(w) + 1 for w in flat.split(" ")), initial=0))[:-1]
     sentences = frozenset({0, *(gap.end() for gap in _SENTENCE_GAP.finditer(flat))})
-    tokens = tuple(
-        (m.start(), m.end(), stem(m.group()))
-        for m in _WORD.finditer(flat)
-        if m.group().lower() not in _STOPWORDS
-    )
-    return starts, sentences, tokens
+    by_stem: dict[str, list[Token]] = {}
+    for m in _WORD.finditer(flat):
+        if m.group().lower() not in _STOPWORDS:
+            term = stem(m.group())
+            by_stem.setdefault(term, []).append((m.start(), m.end(), term))
+    return starts, sentences, {term: tuple(tokens) for term, tokens in by_stem.items()}
 
 
 def _best_window_start(flat: str, wanted: frozenset[str], limit: int) -> int:
@@ -131,9 +135,9 @@ def _best_window_start(flat: str, wanted: frozenset[str], limit: int) -> int:
     that fits from the chunk's start anyway keeps the start (no leading ellipsis).
     """
     room = max(limit - 2 * len(ELLIPSIS), 1)
-    words, sentence_starts, every_token = _layout(flat)
-    # Only the question's words count, so only they are kept (most of a chunk is not).
-    tokens = [token for token in every_token if token[2] in wanted]
+    words, sentence_starts, by_stem = _layout(flat)
+    # Only the question's words count, so only they are looked up (most of a chunk is not).
+    tokens = sorted(token for term in wanted for token in by_stem.get(term, ()))
     if not tokens:
         return 0
     # The window's words change only where a token leaves it (the start passes the token's
