@@ -102,12 +102,12 @@ class TermShares:
         always ours: it stems "organization" to "organ", where ours gives "organiz", but such
         a stem is still the start of its run of letters. So the listed lexemes given are the
         stems of the question's words, the starts of its runs of letters, and the lexemes that
-        are not all letters
-        found anywhere in its lowercase text; the query pairs them with the lexemes Postgres
-        finds. A lexeme left out would only count as rare; on the 900 questions of the
-        manual-page corpus and the labelled set the terms chosen were the same as with every
-        lexeme given. Testing every listed lexeme (up to a thousand) against the text took
-        0.25 ms for a question of one line.
+        are not all letters found anywhere in its lowercase text; the query pairs them with
+        the lexemes Postgres finds. A lexeme left out would only count as rare; on the 900
+        questions of the manual-page corpus and the labelled set the terms chosen were the same
+        as with every lexeme given. Testing each listed lexeme (up to a thousand) against the
+        text instead gave the same lexemes that Postgres finds, for 3,964 questions and chunks,
+        in twice the time (0.18 against 0.1 ms for a question).
         """
         lowered = question.lower()
         words = _WORDS.findall(lowered)

@@ -24,7 +24,7 @@ PROBE = """
 import json, os, threading
 from services.observability.tracing import setup_tracing
 provider = setup_tracing("probe")
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
 with trace.get_tracer("p").start_as_current_span("s") as span:
     valid = span.get_span_context().is_valid
