@@ -4,6 +4,7 @@
     .venv/bin/python bench/ttft.py --scale 100000
     .venv/bin/python bench/ttft.py --scale 100000 --compare main   # and main's server, in turn
     .venv/bin/python bench/ttft.py --scale 100000 --server main    # main's server alone
+    .venv/bin/python bench/ttft.py --scale 100000 --untraced       # and with no exporter
     .venv/bin/python bench/ttft.py --scale 100000 --vectors clustered
 
 The baseline is the scripted upstream's own first token, asked directly over HTTP; the
@@ -12,6 +13,9 @@ server on the corpus of bench/corpus.py. Requests alternate between the two, one
 With --compare REV a second server runs the code at REV beside this tree's, and each
 question goes to both in turn: the load that other work puts on the machine then falls on
 both alike, which separate runs (tens of ms apart on a shared machine) cannot promise.
+With --untraced the second server is this tree's with no exporter, as it is deployed unless
+one is configured: the spans the breakdown below reads are recorded only by the first, and
+they cost it time on the way to the first delta.
 
 Two breakdowns follow. "In the server" comes from the server's own spans, sent over OTLP to
 this process and read after the server has stopped (nothing is exported while it answers):
@@ -295,6 +299,12 @@ async def main() -> None:
         "--server", metavar="REV", help="run only the server at REV instead of this tree's"
     )
     parser.add_argument(
+        "--untraced",
+        action="store_true",
+        help="also run this tree's server without an exporter (as deployed unless one is"
+        " configured), asked in turn with the traced one",
+    )
+    parser.add_argument(
         "--first-delay-ms",
         type=float,
         default=20.0,
@@ -302,8 +312,8 @@ async def main() -> None:
     )
     args = parser.parse_args()
     print(machine(), flush=True)
-    if args.compare and args.server:
-        parser.error("--compare and --server do not go together")
+    if sum(map(bool, (args.compare, args.server, args.untraced))) > 1:
+        parser.error("--compare, --server and --untraced do not go together")
 
     stack = corpus.start_stack(scale=args.scale)
     sink = SpanSink()
@@ -322,21 +332,25 @@ async def main() -> None:
         questions, warm = asked[: args.requests], asked[args.requests :]
         names = [f"at {args.server}" if args.server else "this tree"]
         names += [f"at {args.compare}"] if args.compare else []
+        names += ["this tree, untraced"] if args.untraced else []
         calls: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in names}
         own_first: dict[str, float] = {}
         own: list[float] = []
         through: dict[str, list[float]] = {name: [] for name in names}
         with contextlib.ExitStack() as running:
-            trees = [None]
+            trees = [None, None] if args.untraced else [None]
             if args.compare or args.server:
                 tree = running.enter_context(
                     main_tree(args.compare or args.server, SERVER_TREE, newer_migrations=True)
                 )
                 trees = [None, tree] if args.compare else [tree]
+            # The untraced server records no span: without an exporter it makes none inside a
+            # call (services/observability/tracing.py), so only its first deltas are timed.
+            envs = [sink.env(), {}] if args.untraced else [sink.env()] * len(trees)
             llm = running.enter_context(upstream(20, args.first_delay_ms))
             targets = [
-                running.enter_context(footnote_server(endpoints, llm, cwd=tree, env=sink.env()))
-                for tree in trees
+                running.enter_context(footnote_server(endpoints, llm, cwd=tree, env=env))
+                for tree, env in zip(trees, envs, strict=True)
             ]
             async with contextlib.AsyncExitStack() as channels, httpx.AsyncClient() as client:
                 stubs = [
@@ -378,14 +392,14 @@ async def main() -> None:
             print(f"  Footnote ({name})")
             print(f"    first delta               p50 {ms(first, 50)}  p95 {ms(first, 95)}")
             print(f"    added by Footnote         p50 {added[0]:+6.1f} ms  p95 {added[1]:+6.1f} ms")
-        if args.compare:
+        if len(names) == 2:
             paired = [a - b for a, b in zip(*through.values(), strict=True)]
             print(
-                f"  this tree minus {args.compare}, request by request: "
+                f"  {names[0]} minus {names[1].removeprefix('at ')}, request by request: "
                 f"p50 {percentile(paired, 50) * 1000:+.1f} ms, mean "
                 f"{sum(paired) / len(paired) * 1000:+.1f} ms"
             )
-        for name in names:
+        for name in names[:1] if args.untraced else names:
             steps = server_steps(sink, calls[name], own_first)
             print(f"breakdown in the server ({name}; its spans), p50 / p95:")
             for step, values in steps.items():
