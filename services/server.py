@@ -212,7 +212,7 @@ async def serve(
     deps = Deps.from_settings(settings)
     await asyncio.to_thread(deps.storage.ensure_bucket)
     server, port = create_server(settings, deps)
-    tune_garbage_collection()
+    freeze_startup_objects()
     await server.start()
     http_runner, http_port = await start_http(
         create_http_app(deps),
@@ -243,31 +243,17 @@ async def serve(
         flush_tracing()  # the provider itself shuts down at exit
 
 
-# Objects the cyclic garbage collector tracks, allocated and not yet freed, between two of its
-# collections of the youngest generation (Python's default: 700).
-YOUNG_COLLECTION_ALLOCATIONS = 10_000
-
-
-def tune_garbage_collection() -> None:
-    """Keeps what the process made to start (and keeps for life) out of full collections, and
-    collects the young generation less often.
+def freeze_startup_objects() -> None:
+    """Keeps what the process made to start (and keeps for life) out of full collections.
 
     Modules, message descriptors, compiled statements and the services are about 160,000
     objects that the cyclic garbage collector walked in every full collection, with the event
     loop and every thread stopped: 86-97 ms with other work on the cores; four times in 800 unary
     Completes on a busy one, 125-273 ms each. Frozen (`gc.freeze`), they are never walked
     again, and a full collection walks only what requests left behind (13-66 ms there).
-
-    A young collection walks what is alive of the objects made since the last one: with sixteen
-    answers in flight, mostly their own rows and records, which it then moves to the older
-    generations, walked again later. At Python's default of 700 allocations a unary Complete
-    spent 0.9 ms a request in collections at concurrency 16; at YOUNG_COLLECTION_ALLOCATIONS
-    the server's CPU per request was 7-11% lower (17.6 against 18.9 and 21.9 against 24.5 ms,
-    two servers alternating), for at most that many objects of cyclic garbage waiting longer.
     """
     gc.collect()
     gc.freeze()
-    gc.set_threshold(YOUNG_COLLECTION_ALLOCATIONS, *gc.get_threshold()[1:])
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:
