@@ -330,28 +330,34 @@ async def main() -> None:
         except corpus.CorpusUnavailable as e:
             parser.error(f"{e} (--requests plus --warm-up)")
         questions, warm = asked[: args.requests], asked[args.requests :]
-        names = [f"at {args.server}" if args.server else "this tree"]
-        names += [f"at {args.compare}"] if args.compare else []
-        names += ["this tree, untraced"] if args.untraced else []
+        # Each server: its name, the revision it runs (None: this tree) and whether it exports
+        # its spans. An untraced one makes none inside a call (services/observability/
+        # tracing.py), so only its first deltas are timed.
+        servers = [
+            (f"at {args.server}", args.server, True) if args.server else ("this tree", None, True)
+        ]
+        if args.compare:
+            servers.append((f"at {args.compare}", args.compare, True))
+        if args.untraced:
+            servers.append(("this tree, untraced", None, False))
+        names = [name for name, _, _ in servers]
         calls: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in names}
         own_first: dict[str, float] = {}
         own: list[float] = []
         through: dict[str, list[float]] = {name: [] for name in names}
         with contextlib.ExitStack() as running:
-            trees = [None, None] if args.untraced else [None]
-            if args.compare or args.server:
-                tree = running.enter_context(
-                    main_tree(args.compare or args.server, SERVER_TREE, newer_migrations=True)
-                )
-                trees = [None, tree] if args.compare else [tree]
-            # The untraced server records no span: without an exporter it makes none inside a
-            # call (services/observability/tracing.py), so only its first deltas are timed.
-            envs = [sink.env(), {}] if args.untraced else [sink.env()] * len(trees)
             llm = running.enter_context(upstream(20, args.first_delay_ms))
-            targets = [
-                running.enter_context(footnote_server(endpoints, llm, cwd=tree, env=env))
-                for tree, env in zip(trees, envs, strict=True)
-            ]
+            targets = []
+            for _, revision, traced in servers:
+                tree = None
+                if revision:
+                    tree = running.enter_context(
+                        main_tree(revision, SERVER_TREE, newer_migrations=True)
+                    )
+                env = sink.env() if traced else {}
+                targets.append(
+                    running.enter_context(footnote_server(endpoints, llm, cwd=tree, env=env))
+                )
             async with contextlib.AsyncExitStack() as channels, httpx.AsyncClient() as client:
                 stubs = [
                     pb_grpc.ChatServiceStub(
@@ -399,7 +405,9 @@ async def main() -> None:
                 f"p50 {percentile(paired, 50) * 1000:+.1f} ms, mean "
                 f"{sum(paired) / len(paired) * 1000:+.1f} ms"
             )
-        for name in names[:1] if args.untraced else names:
+        for name, _, traced in servers:
+            if not traced:
+                continue
             steps = server_steps(sink, calls[name], own_first)
             print(f"breakdown in the server ({name}; its spans), p50 / p95:")
             for step, values in steps.items():
