@@ -224,7 +224,13 @@ async def serve(
     # From now on health follows Postgres, the broker and S3.
     checker = DependencyHealth.from_settings(settings, deps.health, SERVICE_NAMES)
     checker.start()
-    log.info("serving gRPC on %s:%d, HTTP on %d", settings.grpc_host, port, http_port)
+    log.info(
+        "serving gRPC on %s:%d, HTTP on %d, on %s's event loop",
+        settings.grpc_host,
+        port,
+        http_port,
+        type(asyncio.get_running_loop()).__module__.partition(".")[0],
+    )
     # While the server already answers; a question asked meanwhile waits for the model as it
     # would have without this.
     preparing = asyncio.create_task(deps.chat.prepare())
@@ -278,6 +284,9 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
         try:
             import uvloop
         except ImportError as err:
-            raise RuntimeError("FOOTNOTE_EVENT_LOOP=uvloop needs the uvloop package") from err
+            raise RuntimeError(
+                "FOOTNOTE_EVENT_LOOP=uvloop (the default) needs the uvloop package;"
+                " set FOOTNOTE_EVENT_LOOP=asyncio to run on asyncio's own loop"
+            ) from err
         return uvloop.new_event_loop
     return None
