@@ -222,19 +222,20 @@ def upgrade(url: str, *, log=print) -> None:
     config = migrate.alembic_config(url)
     head = ScriptDirectory.from_config(config).get_current_head()
     current = migrate.current_revision(url)
-    if current in (None, head):
+    # None of the migrations after 0007 rewrites chunks (0008 adds a column with no default,
+    # 0009 a table and triggers): the index stays.
+    if current is None or current == head or current >= VECTORS_IN_THE_ROW:
         migrate.upgrade(url)
         return
     log(f"migrating the corpus from {current} to {head}")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DROP INDEX IF EXISTS ix_chunks_embedding_hnsw")
-    if current < VECTORS_IN_THE_ROW:
-        command.upgrade(config, f"{int(VECTORS_IN_THE_ROW) - 1:04d}")
-        with psycopg.connect(url, autocommit=True) as conn:
-            log("rewriting chunks with their vectors in the row")
-            conn.execute("ALTER TABLE chunks ALTER COLUMN embedding SET STORAGE MAIN")
-            conn.execute("ALTER TABLE chunks SET (toast_tuple_target = 4096)")
-            conn.execute("VACUUM FULL chunks")
+    command.upgrade(config, f"{int(VECTORS_IN_THE_ROW) - 1:04d}")
+    with psycopg.connect(url, autocommit=True) as conn:
+        log("rewriting chunks with their vectors in the row")
+        conn.execute("ALTER TABLE chunks ALTER COLUMN embedding SET STORAGE MAIN")
+        conn.execute("ALTER TABLE chunks SET (toast_tuple_target = 4096)")
+        conn.execute("VACUUM FULL chunks")
     started = time.perf_counter()
     migrate.upgrade(url)
     log(f"  migrated in {time.perf_counter() - started:.0f} s")

@@ -136,6 +136,17 @@ class Document(Base):
     delete_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class DocumentSetVersion(Base):
+    """The version of an assistant's set of READY documents: Postgres's own triggers on
+    `documents` (migration 0009) bump it at the commit of any change to a row that is or
+    becomes READY. No row yet is version 0."""
+
+    __tablename__ = "document_set_versions"
+
+    assistant_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger)
+
+
 class Chunk(Base):
     """A piece of a document's extracted text with its provenance, vector and search terms."""
 

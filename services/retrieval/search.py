@@ -177,7 +177,7 @@ HELD_VECTOR_SQL = text(
         AND c.tenant_id = :tenant AND c.assistant_id = :assistant
       ORDER BY distance FETCH FIRST :limit ROWS WITH TIES
     )
-    SELECT {CANDIDATE_COLUMNS}, 1 - n.distance AS similarity, w.documents, w.digest
+    SELECT {CANDIDATE_COLUMNS}, 1 - n.distance AS similarity, w.digest
     FROM nearest n JOIN chunks c ON c.id = n.id JOIN documents d ON d.id = c.document_id
     CROSS JOIN now w
     """

@@ -28,12 +28,12 @@ below those of the questions judged is unlike them, and once UNLIKE_BEFORE_RECHE
 have been asked, the walk is checked again on the questions asked since the first of them.
 
 Written here rather than taken from a vector library because what is the product's own is
-knowing when the copy is still the assistant's: a copy records a digest of the assistant's
-READY documents' row versions (`xmin`: any change to a document row, a new READY document, a
-deletion, gives a new one), and each search reads the current digest in the statement that
-reads its winners' rows. A copy whose digest no longer matches is dropped (that search, and
-the next until a fresh copy is loaded, goes to Postgres), so a search never misses a new
-document or returns a deleted one.
+knowing when the copy is still the assistant's: a copy records the version of the assistant's
+set of READY documents it was loaded from (`document_set_versions`, which Postgres's triggers
+bump at the commit of any change to a document that is or becomes READY: migration 0009), and
+each search reads the current version in the statement that reads its winners' rows. A copy
+whose version is not the current one is dropped (that search, and the next until a fresh copy
+is loaded, goes to Postgres), so a search never misses a new document or returns a deleted one.
 """
 
 from __future__ import annotations
@@ -110,14 +110,14 @@ MIN_CANDIDATES = 100
 # 1.8 ms per 100k chunks whatever the blocks (one call over all of them, batched: the same).
 BLOCK_CHUNKS = 16_384
 
-# The digest of an assistant's READY documents: their count and the sum of a 64-bit hash of
-# each row's id and version. Every change to a document row gives the row a new `xmin`.
+# The digest of an assistant's READY documents: the version of their set (0 until the first
+# change). Read by key, it costs the same however many documents the assistant holds, where a
+# hash of every READY row's id and `xmin`, as before, took 0.9 ms at 1,000 documents and 6-10
+# ms at 10,000 on each search.
 DIGEST = """
-    SELECT count(*) AS documents,
-           coalesce(sum(hashtextextended(d.id::text || ':' || d.xmin::text, 0)), 0) AS digest
-    FROM documents d
-    WHERE d.tenant_id = :tenant AND d.assistant_id = :assistant
-      AND d.state = 'READY' AND d.delete_time IS NULL
+    SELECT coalesce(
+      (SELECT v.version FROM document_set_versions v WHERE v.assistant_id = :assistant), 0
+    ) AS digest
 """
 
 
@@ -148,8 +148,7 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Digest:
-    documents: int
-    digest: int
+    version: int  # of the assistant's set of READY documents
 
 
 @dataclass
@@ -256,7 +255,7 @@ def copy_bytes(chunks: int, dim: int) -> int:
 
 def digest_of(row: Row[Any]) -> Digest:
     """The digest in a row that holds DIGEST's columns."""
-    return Digest(int(row.documents), int(row.digest))
+    return Digest(int(row.digest))
 
 
 class VectorMemory:

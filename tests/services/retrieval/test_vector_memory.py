@@ -387,7 +387,7 @@ def held(vectors, ids=None) -> HeldAssistant:
     ids = ids or [uuid.uuid4() for _ in vectors]
     raw = np.frombuffer(b"".join(i.bytes for i in ids), np.uint8).reshape(-1, 16)
     codes, scales, offsets = vector_memory.encode(vectors)
-    return HeldAssistant(Digest(1, 0), raw, [np.ascontiguousarray(codes.T)], scales, offsets)
+    return HeldAssistant(Digest(0), raw, [np.ascontiguousarray(codes.T)], scales, offsets)
 
 
 def test_codes_keep_the_vectors_within_their_rounding():
