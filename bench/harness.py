@@ -45,6 +45,33 @@ def wait_port(port: int, limit: float = 60.0) -> None:
     raise TimeoutError(f"nothing listening on {port}")
 
 
+def wait_settled(pid: int, limit: float = 120.0) -> None:
+    """Returns once the process has been nearly idle for a second.
+
+    A Footnote server that has just started loads its embedding model on a thread (a few
+    seconds of CPU on two cores) while it already answers. Measured meanwhile, the server that
+    started second was the slow one: a single stream's first delta 136-216 ms against 9-21 for
+    the other, whichever event loop each ran on. Without /proc there is nothing to read."""
+    stat = Path(f"/proc/{pid}/stat")
+    if not stat.exists():
+        return
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu_seconds() -> float:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    until = time.monotonic() + limit
+    last = cpu_seconds()
+    while time.monotonic() < until:
+        time.sleep(1.0)
+        now = cpu_seconds()
+        if now - last < 0.05:
+            return
+        last = now
+    raise TimeoutError(f"process {pid} still busy after {limit:.0f} s")
+
+
 @contextlib.contextmanager
 def process(
     args: list[str], port: int, env: dict[str, str] | None = None, cwd: Path | None = None
@@ -89,7 +116,8 @@ def footnote_server(
     env: dict[str, str] | None = None,
     **extra: str,
 ) -> Iterator[str]:
-    """`footnote serve` on the stack's endpoints; extra settings as FOOTNOTE_* values.
+    """`footnote serve` on the stack's endpoints; extra settings as FOOTNOTE_* values. Yields
+    once the server has loaded its model and gone quiet (wait_settled).
 
     With cwd, the server is the tree found there (python -m footnote.cli, cwd first on the path).
     """
@@ -109,7 +137,8 @@ def footnote_server(
     args = (
         [sys.executable, "-m", "footnote.cli", "serve"] if cwd else [str(BIN / "footnote"), "serve"]
     )
-    with process(args, port, {**settings, **(env or {})}, cwd):
+    with process(args, port, {**settings, **(env or {})}, cwd) as pid:
+        wait_settled(pid)
         yield f"127.0.0.1:{port}"
 
 
