@@ -284,6 +284,9 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
         try:
             import uvloop
         except ImportError as err:
-            raise RuntimeError("FOOTNOTE_EVENT_LOOP=uvloop needs the uvloop package") from err
+            raise RuntimeError(
+                "FOOTNOTE_EVENT_LOOP=uvloop (the default) needs the uvloop package;"
+                " set FOOTNOTE_EVENT_LOOP=asyncio to run on asyncio's own loop"
+            ) from err
         return uvloop.new_event_loop
     return None

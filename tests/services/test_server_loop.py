@@ -75,11 +75,12 @@ async def test_within_the_limit_the_call_waits_and_is_answered() -> None:
     assert await calls_while_the_loop_is_blocked(300) == ["call 0", "call 1", "call 2"]
 
 
-def test_the_server_runs_on_uvloop_when_configured() -> None:
-    uvloop = pytest.importorskip("uvloop")
-    factory = loop_factory(Settings(event_loop="uvloop").event_loop)
-    assert factory is uvloop.new_event_loop
-    assert loop_factory(Settings().event_loop) is None  # asyncio's own
+def test_the_server_runs_on_uvloop_unless_told_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvloop
+
+    monkeypatch.delenv("FOOTNOTE_EVENT_LOOP", raising=False)
+    assert loop_factory(Settings().event_loop) is uvloop.new_event_loop
+    assert loop_factory(Settings(event_loop="asyncio").event_loop) is None  # asyncio's own
 
 
 def test_an_unknown_event_loop_is_refused() -> None:
