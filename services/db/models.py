@@ -139,7 +139,7 @@ class Document(Base):
 class DocumentSetVersion(Base):
     """The version of an assistant's set of READY documents: Postgres's own triggers on
     `documents` (migration 0009) bump it at the commit of any change to a row that is or
-    becomes READY. No row yet is version 0."""
+    becomes READY and undeleted. No row yet is version 0."""
 
     __tablename__ = "document_set_versions"
 

@@ -30,10 +30,11 @@ have been asked, the walk is checked again on the questions asked since the firs
 Written here rather than taken from a vector library because what is the product's own is
 knowing when the copy is still the assistant's: a copy records the version of the assistant's
 set of READY documents it was loaded from (`document_set_versions`, which Postgres's triggers
-bump at the commit of any change to a document that is or becomes READY: migration 0009), and
-each search reads the current version in the statement that reads its winners' rows. A copy
-whose version is not the current one is dropped (that search, and the next until a fresh copy
-is loaded, goes to Postgres), so a search never misses a new document or returns a deleted one.
+bump at the commit of any change to a document that is or becomes READY and undeleted:
+migration 0009), and each search reads the current version in the statement that reads its
+winners' rows. A copy whose version is not the current one is dropped (that search, and the
+next until a fresh copy is loaded, goes to Postgres), so a search never misses a new document
+or returns a deleted one.
 """
 
 from __future__ import annotations

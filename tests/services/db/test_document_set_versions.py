@@ -7,9 +7,10 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
-from sqlalchemy import text
+from sqlalchemy import delete, text
 
 from services.assistants.domain import create_assistant, delete_assistant
+from services.db.models import Document as DocumentRow
 from services.documents.domain import insert_document, mark_deleted
 from services.documents.ingest import claim, extend_lease, write_chunks
 from services.retrieval.vector_memory import DIGEST
@@ -55,6 +56,8 @@ def test_the_version_follows_the_ready_documents_and_nothing_else(db) -> None:
     assert version(db, assistant) == 1  # READY
     db.transact(lambda s: mark_deleted(s, tenant, str(document)))
     assert version(db, assistant) == 2  # deleted
+    db.transact(lambda s: s.execute(delete(DocumentRow).where(DocumentRow.id == document)))
+    assert version(db, assistant) == 2  # its row purged: it was out of the set already
     assert version(db, other) == 0
 
     ready = new_document(db, tenant, other)

@@ -8,9 +8,13 @@ documents and 6-10 ms at 10,000, growing with the documents; reading this row is
 The triggers are deferred to the commit, so a transaction that makes a document READY (and
 inserts its chunks) holds the version row's lock only while it commits: ingestions finishing
 side by side for one assistant wait for each other's commit, not for each other's chunks. Any
-change to a row that is or becomes READY counts (as any change gave it a new `xmin` before);
-a lease renewal of a document still processing does not. No foreign key: a trigger on the
-cascade that deletes an assistant's documents must not fail for the assistant being gone.
+change to a row that is or becomes READY and undeleted counts (as any change gave it a new
+`xmin` before); a lease renewal of a document still processing does not, nor the purge of a
+row already marked deleted. No foreign key: a trigger on the cascade that deletes an
+assistant's documents must not fail for the assistant being gone. Each transaction in Footnote
+changes one document, or one assistant's; two transactions that changed READY documents of
+the same two assistants in opposite orders could deadlock at commit, which Postgres ends by
+failing one.
 
 Revision ID: 0009
 Revises: 0008
@@ -50,10 +54,12 @@ def upgrade() -> None:
         END $$
         """
     )
+    # The set is search's: READY and not deleted (search.SERVABLE, before duplicates).
+    old, new = (f"{row}.state = 'READY' AND {row}.delete_time IS NULL" for row in ("OLD", "NEW"))
     for name, event, when in (
-        ("inserted", "INSERT", "NEW.state = 'READY'"),
-        ("updated", "UPDATE", "OLD.state = 'READY' OR NEW.state = 'READY'"),
-        ("deleted", "DELETE", "OLD.state = 'READY'"),
+        ("inserted", "INSERT", new),
+        ("updated", "UPDATE", f"({old}) OR ({new})"),
+        ("deleted", "DELETE", old),
     ):
         op.execute(
             f"CREATE CONSTRAINT TRIGGER document_set_{name} AFTER {event} ON documents"
