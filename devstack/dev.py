@@ -23,7 +23,7 @@ from services import auth
 from services.config import Settings
 from services.db import migrate
 from services.db.session import Database, make_engine
-from services.server import install_stop_signals, loop_factory, serve
+from services.server import install_stop_signals, run_on_configured_loop, serve
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +165,7 @@ def run_dev(settings: Settings, state_dir: Path, llm: str | None = None) -> None
             if llm == "local":
                 settings = start_local_llm(stack, settings, state_dir)
             stack.supervise_children(failed.child_died_too_often)
-        with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
-            runner.run(serve_until_signalled(settings, key, state_dir))
+        run_on_configured_loop(settings, serve_until_signalled(settings, key, state_dir))
     except KeyboardInterrupt:
         pass
     except Exception as err:

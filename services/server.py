@@ -6,8 +6,9 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -274,8 +275,14 @@ def main(settings: Settings) -> None:
         install_stop_signals(stop)
         await serve(settings, stop)
 
+    run_on_configured_loop(settings, run())
+
+
+def run_on_configured_loop(settings: Settings, work: Coroutine[Any, Any, None]) -> None:
+    """Runs work to its end on the event loop the settings name (`footnote serve` and
+    `footnote dev` alike)."""
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
-        runner.run(run())
+        runner.run(work)
 
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
