@@ -51,15 +51,14 @@ def wait_settled(pid: int, limit: float = 120.0) -> None:
     A Footnote server that has just started loads its embedding model on a thread (a few
     seconds of CPU on two cores) while it already answers. Measured meanwhile, the server that
     started second was the slow one: a single stream's first delta 136-216 ms against 9-21 for
-    the other, whichever event loop each ran on. Without /proc there is nothing to read."""
-    stat = Path(f"/proc/{pid}/stat")
-    if not stat.exists():
-        return
-    tick = os.sysconf("SC_CLK_TCK")
+    the other, whichever event loop each ran on."""
+    import psutil
+
+    server = psutil.Process(pid)
 
     def cpu_seconds() -> float:
-        fields = stat.read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / tick
+        times = server.cpu_times()
+        return times.user + times.system
 
     until = time.monotonic() + limit
     last = cpu_seconds()
