@@ -39,17 +39,12 @@ def upgrade() -> None:
         """
         CREATE FUNCTION bump_document_set_version() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-          IF TG_OP <> 'DELETE' THEN
-            INSERT INTO document_set_versions AS v (assistant_id, version)
-            VALUES (NEW.assistant_id, 1)
-            ON CONFLICT (assistant_id) DO UPDATE SET version = v.version + 1;
-          END IF;
-          IF TG_OP = 'DELETE'
-             OR (TG_OP = 'UPDATE' AND OLD.assistant_id IS DISTINCT FROM NEW.assistant_id) THEN
-            INSERT INTO document_set_versions AS v (assistant_id, version)
-            VALUES (OLD.assistant_id, 1)
-            ON CONFLICT (assistant_id) DO UPDATE SET version = v.version + 1;
-          END IF;
+          -- The row's assistant before and after (OLD is NULL on INSERT, NEW on DELETE): both
+          -- sets change when a document moves.
+          INSERT INTO document_set_versions AS v (assistant_id, version)
+          SELECT DISTINCT a, 1 FROM unnest(ARRAY[OLD.assistant_id, NEW.assistant_id]) AS a
+          WHERE a IS NOT NULL
+          ON CONFLICT (assistant_id) DO UPDATE SET version = v.version + 1;
           RETURN NULL;
         END $$
         """
