@@ -19,18 +19,17 @@ done. Two thread settings run in the same run:
   keeps most of two cores busy, which leaves a second little to add.
 
 The ratio two/one of each setting is the figure (target: >= 1.8 on two cores); with --rounds,
-each figure is the median of the rounds. The machine may be shared: the last column is how many
-CPUs' worth of time other processes used during the PDF / text measurement (from /proc/stat),
+each figure is the median of the rounds. The machine may be shared: "other load" is how many
+CPUs' worth of time other processes used during the PDF / text measurement (psutil.cpu_times),
 because two processes cannot reach 2x on two cores that something else is also using. The
-units per CPU-second of the benchmark's own processes do not depend on that load: when they drop
-with two processes, the processes' threads are fighting over the cores.
+units per CPU-second of the benchmark's own processes (the last two columns) do not depend on
+that load: when they drop with two processes, the processes' threads are fighting over the cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import statistics
 import sys
 import tempfile
@@ -85,13 +84,13 @@ INPUTS = (("pdf", "application/pdf", "gpl-3.pdf"), ("text", "text/plain", "gpl-3
 
 
 def busy_cpu_seconds() -> float:
-    """CPU time used by every process of the machine since boot (Linux /proc/stat)."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-    except OSError:
-        return 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    """CPU time used by every process of the machine since boot (idle and I/O wait excluded;
+    guest time is already counted in user time)."""
+    import psutil
+
+    times = psutil.cpu_times()
+    busy = ("user", "nice", "system", "irq", "softirq", "steal")  # the fields Linux has
+    return sum(getattr(times, name, 0.0) for name in busy)
 
 
 def child(directory: str, threads: int, docs: int, barrier, results) -> None:
@@ -184,6 +183,7 @@ def main() -> None:
     )
     print(
         f"{'threads':<22}{'processes':>10}{'per proc':>10}{'PDF pages/s':>14}{'text chars/s':>14}"
+        f"{'other load':>17}{'pages/CPU-s':>13}{'chars/CPU-s':>13}"
     )
     for label, by_processes in settings.items():
         median = {
