@@ -468,21 +468,23 @@ def measure_known_items(db, c):
     items = known_items(db, c, KNOWN_ITEMS)
     embedder = create_embedder()  # questions as the server embeds them
     vectors = [embedder.embed_query(q) for q, _ in items]
-    ranked = current.TEXT_SQL
-    assert CURRENT_TEXT_RANK in ranked.text, "bench/search.py: the full-text rank changed"
+    statements = ("TEXT_SQL", "TEXT_FALLBACK_SQL")
+    ranked = {name: getattr(current, name) for name in statements}
+    assert all(CURRENT_TEXT_RANK in sql.text for sql in ranked.values()), (
+        "bench/search.py: the full-text rank changed"
+    )
     print(
         f"known items: {len(items)} sentences of the assistant's chunks, each found in its own"
         f" chunk only, asked as questions; how often that chunk comes back"
     )
-    for name, sql in (
-        ("previous", text(ranked.text.replace(CURRENT_TEXT_RANK, PREVIOUS_TEXT_RANK))),
-        ("current ", ranked),
-    ):
-        current.TEXT_SQL = sql
+    for name, rank in (("previous", PREVIOUS_TEXT_RANK), ("current ", CURRENT_TEXT_RANK)):
+        for statement, sql in ranked.items():
+            setattr(current, statement, text(sql.text.replace(CURRENT_TEXT_RANK, rank)))
         try:
             in_text, in_hybrid, first = known_item_hits(db, c, items, vectors)
         finally:
-            current.TEXT_SQL = ranked
+            for statement, sql in ranked.items():
+                setattr(current, statement, sql)
         print(
             f"  {name} full-text rank: full text's top {TOP_K} {in_text}, the hybrid's top"
             f" {TOP_K} {in_hybrid}, first {first}"

@@ -233,22 +233,9 @@ CHOSEN_TERMS_SQL = text(f"WITH {CHOSEN_TERMS} SELECT CAST(terms AS text) FROM ch
 # than one that did not: at 100k chunks of manual pages, a sentence's own chunk came in full
 # text's top 8 for 25 of 70 sentences found in one chunk only, now for 66, at the same cost
 # (docs/quality.md, "Full-text ranking", with the variants tried). At most :cap of the assistant's
-# matching chunks are ranked, and only the best :depth of them are looked up in `documents` for
-# the filters: joining every match with its document built a hash of all the assistant's documents
-# per search (1.7 of 13 ms at 100k chunks, growing with the document count). Should the filters
-# leave fewer than :limit of those while more matches were ranked, every ranked match is filtered
-# instead (`fallback`, run only then), so the rows are the ones ranking all servable matches
-# gives. Equal ranks (common: ts_rank does not weigh a chunk's length) are ordered by the chunk's
-# place in its document, then by the document's name and digest, never by ids: keys that the same
-# files give whatever the upload order. Provenance is read for the best :limit only. The leading
-# matches' documents are looked up one by one (LATERAL, kept apart by OFFSET 0): joined, the
-# planner read every document of the table into a hash for about 80 rows (0.2-0.3 ms at 1,176
-# documents, growing with their count); and each document once (`servable`), not once per
-# match: on the 1,000-chunk bench corpus, whose matches come from a few documents, the filters
-# were a tenth of the query's CPU. The title and headings are weighted 'A', the text 'D'
+# matching chunks are ranked. The title and headings are weighted 'A', the text 'D'
 # (fusion.TEXT_RANK_WEIGHTS).
-TEXT_SQL = text(
-    f"""
+TEXT_MATCHES = f"""
     WITH {CHOSEN_TERMS}, matches AS MATERIALIZED (
       SELECT c.id, c.document_id, c.chunk_index, c.start_offset,
              ts_rank(CAST(:weights AS float4[]), c.tsv, (SELECT terms FROM chosen))
@@ -257,7 +244,23 @@ TEXT_SQL = text(
       WHERE c.tenant_id = :tenant AND c.assistant_id = :assistant
         AND c.tsv @@ (SELECT terms FROM chosen)
       LIMIT :cap
-    ), front AS MATERIALIZED (
+    )"""
+
+# Only the best :depth matches are looked up in `documents` for the filters: joining every match
+# with its document built a hash of all the assistant's documents per search (1.7 of 13 ms at
+# 100k chunks, growing with the document count). Equal ranks (common: ts_rank does not weigh a
+# chunk's length) are ordered by the chunk's place in its document, then by the document's name
+# and digest, never by ids: keys that the same files give whatever the upload order. Provenance
+# is read for the best :limit only. The leading matches' documents are looked up one by one
+# (LATERAL, kept apart by OFFSET 0): joined, the planner read every document of the table into a
+# hash for about 80 rows (0.2-0.3 ms at 1,176 documents, growing with their count); and each
+# document once (`servable`), not once per match: on the 1,000-chunk bench corpus, whose matches
+# come from a few documents, the filters were a tenth of the query's CPU. The first row always
+# comes (a row of nulls when no match is servable) and says, in `more`, whether matches past
+# the leading ones were ranked: text_candidates then knows when TEXT_FALLBACK_SQL is needed.
+TEXT_SQL = text(
+    f"""
+    {TEXT_MATCHES}, front AS MATERIALIZED (
       SELECT * FROM matches ORDER BY rank DESC, chunk_index, start_offset
       FETCH FIRST :depth ROWS WITH TIES
     ), servable AS MATERIALIZED (
@@ -271,24 +274,30 @@ TEXT_SQL = text(
       SELECT m.id, m.rank, m.chunk_index, m.start_offset, d.display_name, d.sha256
       FROM front m JOIN servable d ON d.id = m.document_id
       ORDER BY m.rank DESC, m.chunk_index, m.start_offset, d.display_name, d.sha256 LIMIT :limit
-    ), fallback AS MATERIALIZED (
-      SELECT m.id, m.rank, m.chunk_index, m.start_offset, d.display_name, d.sha256
-      FROM matches m JOIN documents d ON d.id = m.document_id
-      WHERE {SERVABLE}
-      ORDER BY m.rank DESC, m.chunk_index, m.start_offset, d.display_name, d.sha256 LIMIT :limit
-    ), short AS (
-      SELECT (SELECT count(*) FROM best) < :limit
-             AND (SELECT count(*) FROM matches) > (SELECT count(*) FROM front) AS yes
-    ), kept AS (
-      SELECT * FROM best WHERE NOT (SELECT yes FROM short)
-      UNION ALL
-      SELECT * FROM fallback WHERE (SELECT yes FROM short)
     )
-    SELECT {CANDIDATE_COLUMNS}, k.rank
-    FROM kept k JOIN chunks c ON c.id = k.id JOIN documents d ON d.id = c.document_id
+    SELECT {CANDIDATE_COLUMNS}, k.rank, f.more
+    FROM (SELECT (SELECT count(*) FROM matches) > (SELECT count(*) FROM front) AS more) f
+    LEFT JOIN (best k JOIN chunks c ON c.id = k.id JOIN documents d ON d.id = c.document_id)
+      ON true
     ORDER BY k.rank DESC, k.chunk_index, k.start_offset, k.display_name, k.sha256
     """
 )
+
+# Should the filters leave fewer than :limit of the leading matches while more were ranked,
+# every ranked match is filtered instead, so the rows are the ones ranking all servable matches
+# gives (duplicate uploads filling the leading matches, say). In TEXT_SQL, as a branch that ran
+# only then, this was planned (and its condition computed) for every search: 0.6-0.9 ms of the
+# full-text query at 10k-1M chunks, 9% at 100k; on its own it costs a second round trip when due.
+TEXT_FALLBACK_SQL = text(
+    f"""
+    {TEXT_MATCHES}
+    SELECT {CANDIDATE_COLUMNS}, m.rank
+    FROM matches m JOIN chunks c ON c.id = m.id JOIN documents d ON d.id = m.document_id
+    WHERE {SERVABLE}
+    ORDER BY m.rank DESC, m.chunk_index, m.start_offset, d.display_name, d.sha256 LIMIT :limit
+    """
+)
+
 # Matches looked up in `documents` before the fallback is needed, per candidate wanted.
 TEXT_DEPTH_PER_CANDIDATE = 2
 TEXT_RANK_WEIGHTS = "{" + ",".join(str(w) for w in fusion.TEXT_RANK_WEIGHTS) + "}"
@@ -501,20 +510,23 @@ def text_candidates(
     if not query.strip():
         return []
     size = assistant_size(s, tenant_id, assistant_id)
-    return fetch(
-        s,
-        TEXT_SQL,
-        {
-            **term_choice(s, tenant_id, assistant_id, query, size.chunks),
-            "tenant": tenant_id,
-            "assistant": uuid.UUID(assistant_id),
-            "weights": TEXT_RANK_WEIGHTS,
-            "cap": TEXT_CAP_ROWS,
-            "depth": TEXT_DEPTH_PER_CANDIDATE * limit,
-            "limit": limit,
-        },
-        prepare=planned_once(size),
-    )
+    params = {
+        **term_choice(s, tenant_id, assistant_id, query, size.chunks),
+        "tenant": tenant_id,
+        "assistant": uuid.UUID(assistant_id),
+        "weights": TEXT_RANK_WEIGHTS,
+        "cap": TEXT_CAP_ROWS,
+        "depth": TEXT_DEPTH_PER_CANDIDATE * limit,
+        "limit": limit,
+    }
+    prepare = planned_once(size)
+    rows = fetch(s, TEXT_SQL, params, prepare=prepare)
+    more = rows[0].more
+    if rows[0].id is None:  # no leading match is servable
+        rows = []
+    if len(rows) < limit and more:
+        rows = fetch(s, TEXT_FALLBACK_SQL, params, prepare=prepare)
+    return rows
 
 
 def term_choice(

@@ -184,6 +184,35 @@ async def test_copies_that_fill_the_best_text_matches_leave_room_for_others(chan
     assert names(20) == ["leave (0).txt", "kitchen.md"]
 
 
+async def test_leading_matches_none_of_them_servable_leave_room_for_others(channel, make_key, db):
+    # The two best full-text matches are in documents deleted and not yet purged. Full text
+    # filters its leading matches only; when none of those is servable, it must still return
+    # the next servable match, as ranking every match finds it.
+    tenant = "unservable-" + uuid.uuid4().hex[:6]
+    key = make_key(tenant)
+    assistant = await make_assistant(channel, key)
+    docs = pb_grpc.DocumentsServiceStub(channel)
+    gone = [
+        (await ingest(docs, key, assistant, f"leave {n}.txt", f"Annual leave: {n}.".encode())).id
+        for n in range(2)
+    ]
+    await ingest(docs, key, assistant, "kitchen.md", COFFEE)
+    db.transact(
+        lambda s: s.execute(
+            text("UPDATE documents SET delete_time = now() WHERE id = ANY(CAST(:ids AS uuid[]))"),
+            {"ids": gone},
+        )
+    )
+
+    def names(limit):
+        question = "annual leave on Friday"  # two terms of the deleted files, one of the kitchen's
+        rows = db.read(lambda s: searching.text_candidates(s, tenant, assistant, question, limit))
+        return [r.display_name for r in rows]
+
+    assert names(1) == ["kitchen.md"]
+    assert names(20) == ["kitchen.md"]
+
+
 async def test_ranking_does_not_depend_on_upload_order_or_ids(channel, make_key, db, embedder):
     tenant = "order-" + uuid.uuid4().hex[:6]
     key = make_key(tenant)
