@@ -12,8 +12,8 @@ The corpus (bench/corpus.py) is kept under /tmp/fnbench between runs. Printed:
   transaction, the way `search` runs them) and fusion;
 - recall@10 of the vector query against exact search (no index) on the same vectors, under
   the tenant and assistant filters, as the server searches (an assistant whose HNSW walk
-  misses is searched exactly in memory, `--vector-memory-mb`) and through HNSW alone at each
-  `--ef-search`, for the large assistant and for a tenth-size one (with
+  misses, or a small one, is searched exactly in memory, `--vector-memory-mb`) and through
+  HNSW alone at each `--ef-search`, for the large assistant and for a tenth-size one (with
   questions near its own documents, and with the large one's, which are off its topics);
   at 1M chunks the tenth-size assistants have vector indexes of their own, built as the
   worker builds them (services/retrieval/indexes.py);
@@ -335,8 +335,9 @@ async def main() -> None:
         "--vector-memory-mb",
         type=int,
         default=Settings.model_fields["vector_memory_mb"].default,
-        help="FOOTNOTE_VECTOR_MEMORY_MB (default %(default)s): assistants whose HNSW walk misses"
-        " are searched exactly in memory (services/retrieval/vector_memory.py); 0 for HNSW alone",
+        help="FOOTNOTE_VECTOR_MEMORY_MB (default %(default)s): assistants whose HNSW walk misses,"
+        " and small ones (from their second question), are searched exactly in memory"
+        " (services/retrieval/vector_memory.py); 0 for HNSW and Postgres's exact scan alone",
     )
     parser.add_argument(
         "--always-hold",
@@ -404,7 +405,7 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
             current.MEMORY.wait_idle(600)
             held = current.MEMORY.held_bytes()
             print(
-                f"  held in memory: {held / 2**20:.0f} MB (exact search)"
+                f"  held in memory: {held / 2**20:.1f} MB (exact search)"
                 if held
                 else "  held in memory: nothing (HNSW serves: its walk found enough, or the"
                 " assistant is larger than --vector-memory-mb)"

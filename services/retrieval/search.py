@@ -56,8 +56,9 @@ LARGE_EF_SEARCH = 300
 # the index over every chunk when it holds most (a filtered scan of that index over a small
 # share of the table finds little); exactly while its own index is being built.
 EXACT_MAX_CHUNKS = 5_000
-# An assistant searched through HNSW is searched exactly, in memory, once its vectors are held
-# there (vector_memory.py); None, as in tools and tests that do not configure it: never.
+# An assistant is searched exactly, in memory, once its vectors are held there
+# (vector_memory.py): one searched through HNSW where its walk misses, a smaller one in place
+# of Postgres's exact scan. None, as in tools and tests that do not configure it: never.
 MEMORY: VectorMemory | None = None
 
 
@@ -307,6 +308,13 @@ def vector_literal(vector: Sequence[float]) -> str:
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
 
 
+def uuid_array(ids: Sequence[str]) -> str:
+    """Chunk ids, each its 32 hex digits, as one uuid[] literal. Given the list, psycopg checks
+    every element for characters to quote: 0.41 ms for the 128 ids of a held search, on the
+    first delta's path, against 4 us for the literal (hex digits need no quoting)."""
+    return "{" + ",".join(ids) + "}"
+
+
 class QueryVector:
     """A question's vector as a query parameter, sent in pgvector's binary format.
 
@@ -350,9 +358,7 @@ def vector_candidates(
 ) -> list[Row[Any]]:
     """The nearest chunks by cosine, most similar first."""
     size = assistant_size(s, tenant_id, assistant_id)
-    rows = None
-    if not size.exact:
-        rows = held_candidates(s, tenant_id, assistant_id, size, query_vector, limit)
+    rows = held_candidates(s, tenant_id, assistant_id, size, query_vector, limit)
     path = "memory" if rows is not None else "exact" if size.exact else "index"
     if rows is None:
         rows = stored_candidates(s, tenant_id, assistant_id, size, query_vector, limit)
@@ -414,7 +420,7 @@ def held_candidates(
         return None
     engine = connection_of(s).engine
     query = np.asarray(query_vector, dtype=np.float32)
-    held = MEMORY.get(engine, tenant_id, assistant_id, size.chunks, query)
+    held = MEMORY.get(engine, tenant_id, assistant_id, size.chunks, query, exact=size.exact)
     if held is None or held.dim != len(query):
         return None
     ids = held.candidates(query, limit)
@@ -426,7 +432,7 @@ def held_candidates(
         {
             "tenant": tenant_id,
             "assistant": uuid.UUID(assistant_id),
-            "ids": ids,
+            "ids": uuid_array(ids),
             "query": vector_parameter(s, query_vector),
             "limit": limit,
         },

@@ -51,13 +51,14 @@ def memory(monkeypatch):
 
 @pytest.fixture
 def served(monkeypatch):
-    """Records, per vector search, whether memory answered it."""
+    """Records, per vector search with a memory (not those of `exact`), whether it answered."""
     answered: list[bool] = []
     original = searching.held_candidates
 
     def recorded(*args, **kwargs):
         rows = original(*args, **kwargs)
-        answered.append(rows is not None)
+        if searching.MEMORY is not None:
+            answered.append(rows is not None)
         return rows
 
     monkeypatch.setattr(searching, "held_candidates", recorded)
@@ -124,6 +125,39 @@ async def test_memory_finds_what_exact_search_finds(
     assert told == ["memory"]
     # Another tenant naming the same assistant finds nothing, held or not.
     assert nearest(db, embedder, "someone-else", assistant) == []
+
+
+async def test_a_small_assistant_is_held_from_its_second_question(
+    channel, make_key, db, embedder, memory, served, monkeypatch
+):
+    monkeypatch.setattr(searching, "EXACT_MAX_CHUNKS", 5_000)  # searched exactly, no HNSW
+    tenant = "memsmall-" + uuid.uuid4().hex[:6]
+    _, assistant, _, _ = await documents(
+        channel, make_key, tenant, ("leave.md", LEAVE), ("kitchen.md", COFFEE)
+    )
+    questions = (QUESTION, "espresso machine", "zzz qqq")
+    want = [exact(db, embedder, tenant, assistant, question) for question in questions]
+    told = []
+    monkeypatch.setattr(searching, "ON_VECTOR_SEARCH", told.append)
+    nearest(db, embedder, tenant, assistant)
+    assert memory.wait_idle(30) and memory.held() == (0, 0)  # asked once: not loaded
+    for question, expected in zip(questions, want, strict=True):
+        assert same(nearest(db, embedder, tenant, assistant, question), expected)
+        assert memory.wait_idle(30)
+    assert told == ["exact", "exact", "memory", "memory"]
+    assert served == [False, False, True, True] and memory.held()[1] == 1
+
+    # Its own HNSW index built (here: the limit lowered), the copy made for exact search is
+    # dropped, and the walk is judged before anything is held again.
+    walked = []
+    memory.walk = lambda *args: walked.append(args) or searching.index_walk(*args)
+    monkeypatch.setattr(searching, "EXACT_MAX_CHUNKS", -1)
+    searching._sizes.clear()
+    nearest(db, embedder, tenant, assistant)
+    assert told[-1] == "index" and served[-1] is False
+    assert memory.wait_idle(30) and walked  # loaded again, and checked
+    assert same(nearest(db, embedder, tenant, assistant), want[0])
+    assert told[-1] == "memory"  # GOOD_RECALL is above 1 here: held whatever the walk finds
 
 
 async def test_the_held_query_is_prepared(channel, make_key, settings, embedder, memory, served):
@@ -365,7 +399,8 @@ async def test_unlike_questions_start_at_most_a_few_checks(
     for question in UNRELATED * 2:  # each unlike; the walk finds everything all the same
         nearest(db, embedder, tenant, assistant, question)
         assert memory.wait_idle(30)
-    assert [args[-1] for args in loads] == [False, True, True]  # the verdict, two checks
+    # _load(engine, key, asked, recheck, exact): the verdict, then two checks, none exact
+    assert [args[3:] for args in loads] == [(False, False), (True, False), (True, False)]
     assert memory.held_bytes() == 0
 
 
