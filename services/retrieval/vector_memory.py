@@ -95,6 +95,8 @@ PROBES = 50
 # The questions of at most this many assistants are kept for the check (the most recently
 # asked; 75 kB each at 384 dimensions).
 ASKING_ASSISTANTS = 256
+# ... and the count of questions of at most this many smaller assistants not yet held.
+ASKING_EXACT_ASSISTANTS = 4096
 PROBE_TURN = np.radians(15)
 GOOD_RECALL = 0.95
 INDEX_VERDICT_SECONDS = 3600.0
@@ -286,6 +288,8 @@ class VectorMemory:
         # The last questions asked of assistants not held, and when the first was.
         self._asked: OrderedDict[tuple[str, str, str], deque[np.ndarray]] = OrderedDict()
         self._first_asked: dict[tuple[str, str, str], float] = {}
+        # How many questions the assistants searched exactly were asked (until held).
+        self._asked_exact: OrderedDict[tuple[str, str, str], int] = OrderedDict()
         self._held: OrderedDict[tuple[str, str, str], HeldAssistant] = OrderedDict()
         self._loading: set[tuple[str, str, str]] = set()
         self._not_before: dict[tuple[str, str, str], float] = {}
@@ -306,9 +310,9 @@ class VectorMemory:
         exact: bool = False,
     ) -> HeldAssistant | None:
         """The assistant's copy if one is held for its kind of search (exact: in place of
-        Postgres's exact search) and not known to be stale; otherwise None, the question kept
-        as a probe, and a load started when the assistant fits, none is under way, and enough
-        questions were asked."""
+        Postgres's exact search) and not known to be stale; otherwise None, the question
+        counted (and kept as a probe of the walk, unless exact), and a load started when the
+        assistant fits, none is under way, and enough questions were asked."""
         key = (str(engine.url), tenant_id, assistant_id)
         now = time.monotonic()
         with self._lock:
@@ -319,49 +323,71 @@ class VectorMemory:
                 return held
             if held is not None:  # stale or for the other kind: its memory goes at once
                 del self._held[key]
-            asked = self._asked.setdefault(key, deque(maxlen=PROBES))
-            asked.append(query)
-            self._asked.move_to_end(key)
-            while len(self._asked) > ASKING_ASSISTANTS:
-                self._first_asked.pop(self._asked.popitem(last=False)[0], None)
-            first = self._first_asked.setdefault(key, now)
-            verdict = None if exact else self._index_good.get(key)
-            standing = verdict is not None and verdict.watching(chunks, now)
             can_load = self.fits(chunks, len(query)) and key not in self._loading
-            recheck = None
-            if verdict is not None and standing:
-                verdict.asked += 1
-                if (
-                    verdict.unlike >= UNLIKE_BEFORE_RECHECK
-                    and verdict.rechecks < MAX_RECHECKS
-                    and can_load
-                ):
-                    # Judged on the questions since the first unlike one, not on a selection:
-                    # unlike means the walk's best was low, which a walk that missed gives too.
-                    since = verdict.asked - verdict.first_unlike + 1
-                    recheck = list(asked)[-min(since, PROBES) :]
-                    verdict.rechecks += 1
-                    verdict.asked = verdict.unlike = 0
+            due = can_load and self._not_before.get(key, 0.0) <= now  # for a first load
             if exact:
-                enough = len(asked) >= EXACT_ASKED_BEFORE_LOAD
+                probes: list[np.ndarray] | None = [] if self._enough(key) and due else None
+                recheck = False
             else:
-                enough = len(asked) >= ASKED_BEFORE_LOAD or now - first >= PROBE_WAIT_SECONDS
-            wanted = recheck is not None or (
-                enough and not standing and can_load and self._not_before.get(key, 0.0) <= now
-            )
+                probes, recheck = self._probes(key, chunks, query, now, can_load, due)
+            wanted = probes is not None
             if wanted:
                 self._loading.add(key)
                 self._not_before[key] = now + RELOAD_SECONDS
-                probes = recheck if recheck is not None else list(asked)
                 # Room first, so the process never holds the budget and the new copy at once.
                 self._make_room(copy_bytes(chunks, len(query)))
         if wanted:
             try:
-                self._loader.submit(self._load, engine, key, probes, recheck is not None, exact)
+                self._loader.submit(self._load, engine, key, probes, recheck, exact)
             except RuntimeError:  # closed (the process reconfigured or stops): no more loads
                 with self._lock:
                     self._loading.discard(key)
         return None
+
+    def _enough(self, key: tuple[str, str, str]) -> bool:
+        """Whether an assistant searched exactly has now been asked enough questions to be
+        held (the lock held)."""
+        asked = self._asked_exact.pop(key, 0) + 1
+        self._asked_exact[key] = asked
+        while len(self._asked_exact) > ASKING_EXACT_ASSISTANTS:
+            self._asked_exact.popitem(last=False)
+        return asked >= EXACT_ASKED_BEFORE_LOAD
+
+    def _probes(
+        self,
+        key: tuple[str, str, str],
+        chunks: int,
+        query: np.ndarray,
+        now: float,
+        can_load: bool,
+        due: bool,
+    ) -> tuple[list[np.ndarray] | None, bool]:
+        """For an assistant searched through HNSW (the lock held): the question kept as a
+        probe; the questions to check its walk on if a load is wanted now (else None), and
+        whether that load checks a standing verdict again (which can_load allows, where a
+        first load waits until due)."""
+        asked = self._asked.setdefault(key, deque(maxlen=PROBES))
+        asked.append(query)
+        self._asked.move_to_end(key)
+        while len(self._asked) > ASKING_ASSISTANTS:
+            self._first_asked.pop(self._asked.popitem(last=False)[0], None)
+        first = self._first_asked.setdefault(key, now)
+        verdict = self._index_good.get(key)
+        if verdict is not None and verdict.watching(chunks, now):
+            verdict.asked += 1
+            if verdict.unlike >= UNLIKE_BEFORE_RECHECK and verdict.rechecks < MAX_RECHECKS:
+                # Judged on the questions since the first unlike one, not on a selection:
+                # unlike means the walk's best was low, which a walk that missed gives too.
+                if not can_load:
+                    return None, False
+                since = verdict.asked - verdict.first_unlike + 1
+                verdict.rechecks += 1
+                verdict.asked = verdict.unlike = 0
+                return list(asked)[-min(since, PROBES) :], True
+            return None, False  # the verdict stands
+        if due and (len(asked) >= ASKED_BEFORE_LOAD or now - first >= PROBE_WAIT_SECONDS):
+            return list(asked), False
+        return None, False
 
     def walked(self, engine: Engine, tenant_id: str, assistant_id: str, best: float) -> None:
         """Told the best cosine the walk found for the question last asked of an assistant
