@@ -49,9 +49,10 @@ EF_SEARCH = 100
 # 20.3 / 26.2 ms hybrid p50 / p95 against 12.1 / 16.1 at 100.
 LARGE_CHUNKS = 500_000
 LARGE_EF_SEARCH = 300
-# An assistant with at most this many chunks is searched exactly (no HNSW), which costs about
-# as many vectors' distances as it holds: at 10k chunks 28 ms p50, where the assistant's own
-# HNSW index took 5 ms for the same recall on questions near its documents. A larger one is
+# An assistant with at most this many chunks is searched exactly (no HNSW; from the server's
+# memory once held there, see MEMORY), which costs about as many vectors' distances as it
+# holds: at 10k chunks 28 ms p50 in Postgres, where the assistant's own HNSW index took 5 ms
+# for the same recall on questions near its documents. A larger one is
 # searched through HNSW: its own index (indexes.py) when it holds a minority of the chunks,
 # the index over every chunk when it holds most (a filtered scan of that index over a small
 # share of the table finds little); exactly while its own index is being built.

@@ -439,7 +439,7 @@ class VectorMemory:
             held = load(engine, tenant_id, assistant_id, self.searchable_sql)
             held.exact = exact
             recall, nearest = (
-                (0.0, [])
+                (0.0, [])  # nothing to judge: kept, like a walk that finds nothing
                 if exact
                 else index_recall(
                     engine, tenant_id, assistant_id, held, self.walk, asked, made_up=not recheck
