@@ -711,14 +711,20 @@ async def search(
             ),
         )
 
-    vector_rows, text_rows = await asyncio.gather(
-        nearest(),
+    # The full-text query is handed to its thread first. With the vector already known (a
+    # recent question's), the vector search's thread took the interpreter lock before the
+    # event loop had started the full-text query, whose round trip then began up to 4 ms
+    # late. Handed over first, it made the hybrid search faster by 0.15 and 0.29 ms at 100k
+    # chunks (paired medians of two runs of 600 questions; p95 -0.2 and -0.8 ms) and by
+    # 0.32 ms at 1M clustered chunks, where the vector search through HNSW is the longer.
+    text_rows, vector_rows = await asyncio.gather(
         traced(
             "retrieval.text",
             db.run_autocommit(
                 lambda conn: text_candidates(conn, tenant_id, assistant_id, query, limit)
             ),
         ),
+        nearest(),
     )
     return rank(vector_rows, text_rows, top_k, score_threshold)
 
