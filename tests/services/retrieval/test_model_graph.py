@@ -125,7 +125,7 @@ def test_the_questions_copy_is_fused_or_else_left_unfused(
         assert len(made) == 1 and not caplog.text
         monkeypatch.setattr(model_graph, "fused", mismatch)
         plain = embeddings._build_query_model(model)
-    assert "attention stays unfused" in caplog.text and "not one softmax" in caplog.text
+    assert "copy's attention stays unfused" in caplog.text and "not one softmax" in caplog.text
     # Unfused, it is still the 8-bit copy: the same vector, not the float32 model's.
     assert embeddings._run(plain, text)[0] == pytest.approx(
         embeddings._run(copy, text)[0], abs=2e-3
@@ -133,3 +133,52 @@ def test_the_questions_copy_is_fused_or_else_left_unfused(
     assert embeddings._run(plain, text)[0] != pytest.approx(
         embeddings._run(model, text)[0], abs=2e-3
     )
+
+
+PASSAGES = [
+    "The proxy keeps at most max_connections open to each backend; a request that finds all of "
+    "them busy waits for pool_timeout seconds and then fails with 503.",
+    "Licensed under the Apache License, Version 2.0.",
+    "short",
+]
+
+
+def test_the_passages_model_is_fused_and_embeds_as_the_file_does(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import onnxruntime
+
+    from services.retrieval import model_graph
+
+    source = local_model_files()[0]
+    plain = onnxruntime.InferenceSession(
+        str(source), embeddings.session_options(1), providers=["CPUExecutionProvider"]
+    )
+    made: list[bytes] = []
+
+    def recorded(graph: bytes) -> bytes:
+        made.append(fused(graph))
+        return made[-1]
+
+    monkeypatch.setattr(embeddings, "_model", None)
+    monkeypatch.setattr(model_graph, "fused", recorded)
+    with caplog.at_level("WARNING", logger="services.retrieval.embeddings"):
+        model = embeddings._load_model()
+    assert len(made) == 1 and not caplog.text
+    stored = embeddings._LoadedModel(plain, model.tokenizer, model.needs_token_types)
+    encodings = [model.tokenizer.encode(t) for t in PASSAGES]
+    # Stored vectors stay comparable: float32 all through, so only rounding differs. Padded
+    # together, as passages are embedded.
+    assert np.array(embeddings._run(model, encodings)) == pytest.approx(
+        np.array(embeddings._run(stored, encodings)), abs=1e-6
+    )
+
+    def mismatch(graph: bytes) -> bytes:
+        raise GraphMismatch("layer 0: Relu in the attention")
+
+    monkeypatch.setattr(embeddings, "_model", None)
+    monkeypatch.setattr(model_graph, "fused", mismatch)
+    with caplog.at_level("WARNING", logger="services.retrieval.embeddings"):
+        unfused = embeddings._load_model()
+    assert "the local model's attention stays unfused" in caplog.text
+    assert embeddings._run(unfused, encodings) == embeddings._run(stored, encodings)
