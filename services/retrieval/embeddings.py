@@ -397,9 +397,9 @@ def _fused_session(
     (model_graph: the same vectors for about 11% less CPU), else unfused()."""
     import onnxruntime
 
-    from services.retrieval import model_graph
-
     try:
+        from services.retrieval import model_graph  # needs onnx, which a model can run without
+
         rewritten = model_graph.fused(graph)
         with tempfile.TemporaryDirectory(prefix="footnote-model-") as tmp:
             # Loaded from a file: given the bytes, onnxruntime keeps about 60 MB more resident.

@@ -182,3 +182,20 @@ def test_the_passages_model_is_fused_and_embeds_as_the_file_does(
         unfused = embeddings._load_model()
     assert "the local model's attention stays unfused" in caplog.text
     assert embeddings._run(unfused, encodings) == embeddings._run(stored, encodings)
+
+
+def test_without_onnx_the_model_still_loads_unfused(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sys
+
+    import services.retrieval
+
+    monkeypatch.setattr(embeddings, "_model", None)
+    # As if onnx were not installed: importing model_graph fails.
+    monkeypatch.setitem(sys.modules, "services.retrieval.model_graph", None)
+    monkeypatch.delattr(services.retrieval, "model_graph", raising=False)
+    with caplog.at_level("WARNING", logger="services.retrieval.embeddings"):
+        model = embeddings._load_model()
+    assert "the local model's attention stays unfused" in caplog.text
+    assert len(embeddings._run(model, [model.tokenizer.encode("still embeds")])[0]) == 384
