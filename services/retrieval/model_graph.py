@@ -116,7 +116,8 @@ def _attention(
     hidden = len(constants[f"{prefix}.query.bias"])
 
     # The region: every node reached from Q, K and V up to the tensor the output projection
-    # quantizes (the one input of a DynamicQuantizeLinear it reaches).
+    # takes (the one input of the DynamicQuantizeLinear or of the product with a weight that
+    # the walk reaches).
     consumers = _consumers(graph.node)
     weights = _computed_from_constants(graph, constants)
     region: set[int] = set()
@@ -209,9 +210,7 @@ def _gelus(
     def constant(node: onnx.NodeProto, value: float) -> str:
         """The node's other input, once its constant input is checked to be value."""
         known = [n for n in node.input if n in constants and constants[n].size == 1]
-        if len(known) != 1 or not math.isclose(
-            float(constants[known[0]].flat[0]), value, rel_tol=1e-6
-        ):
+        if len(known) != 1 or not math.isclose(_scalar(constants[known[0]]), value, rel_tol=1e-6):
             raise GraphMismatch(f"GELU: {node.op_type} by {known}, not {value}")
         (other,) = [n for n in node.input if n != known[0]]
         return other
@@ -256,7 +255,9 @@ def _computed_from_constants(graph: onnx.GraphProto, constants: Constants) -> se
     as the pinned file does before each product)."""
     known = set(constants)
     for node in graph.node:
-        if node.input and all(name in known for name in node.input if name):
+        if node.op_type == "Constant" or (
+            node.input and all(name in known for name in node.input if name)
+        ):
             known.update(node.output)
     return known
 

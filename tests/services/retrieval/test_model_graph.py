@@ -1,4 +1,4 @@
-"""The questions' 8-bit copy with fused attention and GELU: the same vectors, fewer operators."""
+"""The local model's graph with fused attention and GELU: the same vectors, fewer operators."""
 
 from __future__ import annotations
 
