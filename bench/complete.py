@@ -38,7 +38,7 @@ from pathlib import Path
 import corpus
 import grpc
 import psycopg
-from harness import ROOT, footnote_server, free_port, loop_option, machine, process
+from harness import ROOT, footnote_server, free_port, host_steal, loop_option, machine, process
 
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import chat_service_pb2_grpc as pb_grpc
@@ -206,6 +206,7 @@ async def main() -> None:
         runs = [asked[i * per_run : (i + 1) * per_run] for i in range(rounds)]
         # results[server][concurrency]: (req/s, errors) of each round
         results: dict[str, dict[int, list[tuple[float, int]]]] = {}
+        steal: dict[int, list[float]] = {n: [] for n in args.concurrency}  # per round
         with contextlib.ExitStack() as running:
             tree = running.enter_context(main_tree(args.baseline))
             # The baseline gets its own copy of the corpus, before this tree's servers connect.
@@ -234,9 +235,11 @@ async def main() -> None:
             for i, n in enumerate(args.concurrency):
                 for r in range(args.rounds):
                     questions = runs[i * args.rounds + r]
-                    for name in names[r % len(names) :] + names[: r % len(names)]:
-                        rate = await load(servers[name], questions, n, metadata)
-                        results.setdefault(name, {}).setdefault(n, []).append(rate)
+                    with host_steal() as share:
+                        for name in names[r % len(names) :] + names[: r % len(names)]:
+                            rate = await load(servers[name], questions, n, metadata)
+                            results.setdefault(name, {}).setdefault(n, []).append(rate)
+                    steal[n] += share
         print(
             f"unary Complete, extractive, {args.requests} requests x {args.rounds} rounds per "
             f"server, 1,000-chunk assistant ({args.vectors}); "
@@ -254,6 +257,8 @@ async def main() -> None:
                     f"{statistics.median(ratios):5.2f}x before "
                     f"({' '.join(f'{x:.2f}' for x in ratios)})  errors {errors}"
                 )
+            shares = " ".join(f"{x:.0%}" for x in steal[n])
+            print(f"    the host's steal time in each round: {shares}")
     finally:
         stack.stop()
 
