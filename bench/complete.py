@@ -16,7 +16,9 @@ keeps recent questions' vectors.
 The servers take turns, `--rounds` times per concurrency, each round's order rotated, and the
 ratio printed is the median of the rounds' own ratios: on a machine whose speed drifts (a
 shared host's 2 cores ran the same server at 43 and at 64 req/s a few minutes apart), servers
-measured one after the other compared the drift as much as the code.
+measured one after the other compared the drift as much as the code. Each round's steal time
+(the CPU the hypervisor gave to other guests meanwhile) is printed too: a round that lost much
+of it measured the host rather than the code.
 """
 
 from __future__ import annotations
