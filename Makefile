@@ -79,6 +79,7 @@ bench: setup
 	$(PY) bench/relay.py --streams 1000 --deltas 200 --rounds 1
 	$(PY) bench/complete.py --baseline $(COMPLETE_BASELINE)
 	$(PY) bench/ingest.py
+	$(PY) bench/evidence.py
 
 clean:
 	rm -rf $(VENV) footnote/v1/*_pb2*.py footnote/v1/*.pyi $(GENERATED) .pytest_cache

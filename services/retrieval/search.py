@@ -699,7 +699,7 @@ async def search(
 ) -> list[RetrievedChunk]:
     """hybrid_search with its two queries running at once on two connections.
 
-    Each runs outside a transaction (`Database.read`): they only read, and BEGIN and COMMIT
+    Each runs outside a transaction (`Database.autocommit`): they only read, and BEGIN and COMMIT
     were two of a query's three round trips. The vector is awaited here, so the full-text
     query can run while it is being computed.
     """
