@@ -48,7 +48,7 @@ test: setup
 faults: setup
 	$(BIN)/pytest -m faults $(PYTEST_ARGS)
 
-# The llm extra builds llama.cpp from source the first time (about 12 minutes on 2 cores).
+# The llm extra builds llama.cpp from source the first time (about 12-15 minutes on 2 cores).
 $(LLM_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,embedded,llm]"
 	touch $@
