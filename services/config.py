@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -28,7 +28,7 @@ class Settings(BaseSettings):
     llm_base_url: str | None = None
     llm_model: str = "default"
     llm_api_key: str | None = None
-    llm_timeout_seconds: float = 60.0
+    llm_timeout_seconds: float = Field(default=60.0, gt=0)
     # Answers streaming at once from the LLM, one connection each; unset = as many as the
     # open-file limit allows. One more waits llm_pool_timeout_seconds, then RESOURCE_EXHAUSTED.
     llm_max_connections: int | None = Field(default=None, ge=1)
@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     embeddings_base_url: str | None = None
     embeddings_model: str | None = None
     embeddings_api_key: str | None = None
-    embeddings_dim: int | None = None
+    embeddings_dim: int | None = Field(default=None, ge=1)
     # Threads of the local embedding model (onnxruntime's intra-op pool) per process. 0 means
     # onnxruntime's default, one per core of the machine; `footnote worker --concurrency N`
     # gives each pool process max(1, cores // N) instead, so that N processes share the cores.
@@ -64,7 +64,8 @@ class Settings(BaseSettings):
     vector_memory_mb: int = Field(default=512, ge=0)
 
     grpc_host: str = "127.0.0.1"
-    grpc_port: int = 50051
+    # 0 for the gRPC and HTTP ports: any free port (the server logs the one it bound).
+    grpc_port: int = Field(default=50051, ge=0, le=65535)
     # A call the server has not picked up yet waits this long, then gRPC cancels it. The
     # server picks up one call per turn of its event loop, so a thousand calls arriving while
     # a thousand answers stream can queue for longer than gRPC's own 30 s (CANCELLED).
@@ -73,45 +74,59 @@ class Settings(BaseSettings):
     # between deltas closer to a bare gRPC server's in every round measured, and was level
     # elsewhere (docs/performance.md, "Event loop").
     event_loop: Literal["asyncio", "uvloop"] = "uvloop"
-    http_port: int = 8080
+    http_port: int = Field(default=8080, ge=0, le=65535)
     public_base_url: str | None = None
     state_dir: Path = Path("state")
     dev_api_key: str | None = None
 
-    max_upload_bytes: int = 100 * 1024 * 1024
-    chunk_chars: int = 1200
-    chunk_overlap_chars: int = 200
+    max_upload_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
+    chunk_chars: int = Field(default=1200, ge=1)
+    chunk_overlap_chars: int = Field(default=200, ge=0)
     # Ingestion: a worker holds a lease on the document it works on and renews it every few
     # seconds (its heartbeat); a killed attempt is taken over by the redelivered task or the
     # reconciler as soon as its process is gone or three heartbeats are missed.
-    ingest_lease_seconds: float = 60.0
+    ingest_lease_seconds: float = Field(default=60.0, gt=0)
     # Transient failures retry after about 5, 10, 20, 40, 80, 120, 120 and 120 seconds (each
     # with jitter between half and all of it): a horizon of four to nine minutes.
-    ingest_max_retries: int = 8
-    ingest_retry_backoff_seconds: int = 5
-    ingest_retry_backoff_max_seconds: int = 120
+    ingest_max_retries: int = Field(default=8, ge=0)
+    ingest_retry_backoff_seconds: int = Field(default=5, ge=0)
+    ingest_retry_backoff_max_seconds: int = Field(default=120, ge=0)
     # Per-document limits: past them a document ends FAILED (permanent) naming the limit. The
     # budget stays below the task's soft time limit.
-    max_chunks_per_document: int = 10_000
-    ingest_time_budget_seconds: float = 600.0
-    reconcile_interval_seconds: float = 30.0
+    max_chunks_per_document: int = Field(default=10_000, ge=1)
+    ingest_time_budget_seconds: float = Field(default=600.0, gt=0)
+    reconcile_interval_seconds: float = Field(default=30.0, gt=0)
     # A PENDING document is re-sent this long after its last send (it may sit in a backlog).
-    reconcile_queued_grace_seconds: float = 300.0
+    reconcile_queued_grace_seconds: float = Field(default=300.0, ge=0)
     # A document FAILED for a transient reason is re-sent by the reconciler, once its
     # dependencies answer, after 1, 2, 4, 8 and 16 times this delay; then it stays FAILED.
-    reconcile_transient_retries: int = 5
-    reconcile_transient_backoff_seconds: float = 60.0
+    reconcile_transient_retries: int = Field(default=5, ge=0)
+    reconcile_transient_backoff_seconds: float = Field(default=60.0, ge=0)
     # The server's background health check of Postgres, the broker and S3.
-    health_check_interval_seconds: float = 2.0
-    health_check_timeout_seconds: float = 2.0
-    link_timeout_seconds: float = 5.0
-    shutdown_grace_seconds: float = 5.0
-    log_level: str = "INFO"
+    health_check_interval_seconds: float = Field(default=2.0, gt=0)
+    health_check_timeout_seconds: float = Field(default=2.0, gt=0)
+    link_timeout_seconds: float = Field(default=5.0, gt=0)
+    shutdown_grace_seconds: float = Field(default=5.0, ge=0)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     # json or text; unset means text on a terminal and JSON anywhere else.
     log_format: Literal["json", "text"] | None = None
     # A worker serves its pool's metrics here (Prometheus text format); unset serves none.
-    worker_metrics_port: int | None = None
+    worker_metrics_port: int | None = Field(default=None, ge=1, le=65535)
     worker_metrics_host: str = "127.0.0.1"
+
+    @field_validator("chunk_overlap_chars")
+    @classmethod
+    def overlap_within_chunk(cls, value: int, info: ValidationInfo) -> int:
+        # The chunker refuses an overlap as long as a chunk: every document would fail.
+        chunk_chars = info.data.get("chunk_chars")
+        if chunk_chars is not None and value >= chunk_chars:
+            raise ValueError(f"must be less than FOOTNOTE_CHUNK_CHARS ({chunk_chars})")
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def upper_log_level(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value
 
     @field_validator("log_format", mode="before")
     @classmethod
