@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import resource
 import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -203,6 +204,7 @@ async def serve(
     settings: Settings, stop: asyncio.Event, ready: asyncio.Future[int] | None = None
 ) -> None:
     """Serves until stop is set, then drains in-flight calls; ready receives the bound port."""
+    raise_open_file_limit()  # before the upstream pool is sized from it
     if settings.http_port == 0:
         # Links name the HTTP port, so it must be known before anything is served.
         settings = settings.model_copy(update={"http_port": free_port(settings.grpc_host)})
@@ -248,6 +250,26 @@ async def serve(
         await http_runner.cleanup()
         await deps.aclose()
         flush_tracing()  # the provider itself shuts down at exit
+
+
+def raise_open_file_limit() -> None:
+    """Lets the process open as many files as its hard limit allows.
+
+    Each streaming answer holds two sockets, the client's and the upstream's, and the upstream
+    pool is sized from the soft limit (openai_compat.default_max_connections). At the soft
+    limit Linux and systemd give a process by default, 1,024, that was 384 answers at once
+    (systemd's default hard limit is 524,288). A process may raise its soft limit up to its
+    hard one without privileges, which is what systemd advises programs that need many files.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY or soft >= hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError):
+        log.warning("could not raise the open-file limit from %d to %d", soft, hard)
+        return
+    log.info("raised the open-file limit from %d to %d", soft, hard)
 
 
 def freeze_startup_objects() -> None:
