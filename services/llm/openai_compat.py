@@ -10,6 +10,7 @@ import re
 import resource
 import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -73,6 +74,12 @@ _LINE_END = re.compile(rb"\r\n|\r|\n")
 SEED = 0
 # File descriptors kept for everything but upstream connections (database, clients, logs).
 _RESERVED_FILES = 256
+# Upstream connections per httpx client. httpcore's pool (1.0.x) walks all its connections
+# once per idle one, and once per waiting request, every time a request starts or ends: with
+# 1,000 answers streaming through one client, that bookkeeping held the event loop for most
+# of two minutes (docs/performance.md, "Upstream pool"). The pool is split into clients of at
+# most this many connections, and an answer goes to the client with the fewest in flight.
+CONNECTIONS_PER_CLIENT = 64
 # httpx drops an idle connection after 5 s by default, so an answer that came more than 5 s
 # after the last one opened a new connection (a TLS handshake, for a hosted model) before it
 # could ask. Servers close idle connections on their own schedule: uvicorn (vLLM) after 5 s,
@@ -88,6 +95,15 @@ def default_max_connections() -> int:
         return _MAX_DEFAULT_CONNECTIONS
     # Each relayed answer holds one upstream socket; half the files stay for everything else.
     return max(16, min(_MAX_DEFAULT_CONNECTIONS, (soft - _RESERVED_FILES) // 2))
+
+
+@dataclass
+class _Lane:
+    """One httpx client of the generator's pool, and the answers it is carrying."""
+
+    client: httpx.AsyncClient
+    limit: int  # its connections
+    busy: int = 0
 
 
 class OpenAIGenerator:
@@ -137,22 +153,27 @@ class OpenAIGenerator:
         self._headers = {"Accept": "text/event-stream"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._client: httpx.AsyncClient | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        # One TLS context for every client: httpx loads the CA bundle for each one otherwise
+        # (64 against 1.4 ms a client, on the event loop).
+        self._tls = httpx.create_ssl_context()
+        self._lanes: list[_Lane] = []
+        self._lanes_loop: asyncio.AbstractEventLoop | None = None
 
     async def aclose(self) -> None:
         """Closes the pooled connections; a later generate() opens new ones."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        lanes, self._lanes = self._lanes, []
+        for lane in lanes:
+            await lane.client.aclose()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         model = request.model or self.model
         loop = asyncio.get_running_loop()
-        client = self._http_client(loop)
+        lane = self._lane(loop)
+        client = lane.client
         deadline = loop.time() + self.timeout_seconds
         answer = _Answer(model)
         payload = _payload(request, model)
+        lane.busy += 1
         try:
             # The exit stack closes the response (and so the connection, as its body is unread)
             # however this generator ends: exhausted, failed, aclose()d or cancelled.
@@ -194,6 +215,8 @@ class OpenAIGenerator:
             if failure is err:
                 raise
             raise failure from err
+        finally:
+            lane.busy -= 1
 
     def _translate(self, err: httpx.HTTPError | TimeoutError, answer: _Answer) -> Unavailable:
         log.warning("LLM %s failed: %s: %s", self.url, type(err).__name__, err)
@@ -206,30 +229,41 @@ class OpenAIGenerator:
             return answer.error(LLM_BAD_RESPONSE)
         return answer.error(LLM_UNAVAILABLE)
 
-    def _http_client(self, loop: asyncio.AbstractEventLoop) -> httpx.AsyncClient:
+    def _lane(self, loop: asyncio.AbstractEventLoop) -> _Lane:
+        """The client with the fewest answers in flight, or a new one when every client is
+        full and the pool has room left (CONNECTIONS_PER_CLIENT)."""
         # Pooled connections belong to the loop that opened them.
-        if self._client is None or self._client.is_closed or self._client_loop is not loop:
-            self._client = httpx.AsyncClient(
-                headers=self._headers,
-                # No read timeout of httpx's own: it set a timer per socket read (anyio's
-                # cancel scope), which costs what _ReadLimit saves. Every read is bounded
-                # anyway: the response's head by the deadline (_send), its body by the read
-                # timeout and the deadline (_ReadLimit, _read_capped).
-                timeout=httpx.Timeout(
-                    self.timeout_seconds,
-                    connect=self.connect_timeout,
-                    read=None,
-                    pool=self.pool_timeout,
-                ),
-                limits=httpx.Limits(
-                    max_connections=self.max_connections,
-                    max_keepalive_connections=self.max_connections,
-                    keepalive_expiry=self.keepalive_seconds,
-                ),
-                follow_redirects=False,
-            )
-            self._client_loop = loop
-        return self._client
+        if self._lanes_loop is not loop or any(lane.client.is_closed for lane in self._lanes):
+            self._lanes, self._lanes_loop = [], loop
+        lane = min(self._lanes, key=lambda lane: lane.busy, default=None)
+        room = self.max_connections - sum(lane.limit for lane in self._lanes)
+        if lane is None or (lane.busy >= lane.limit and room > 0):
+            connections = min(CONNECTIONS_PER_CLIENT, room)
+            lane = _Lane(self._http_client(connections), connections)
+            self._lanes.append(lane)
+        return lane
+
+    def _http_client(self, connections: int) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            headers=self._headers,
+            verify=self._tls,
+            # No read timeout of httpx's own: it set a timer per socket read (anyio's cancel
+            # scope), which costs what _ReadLimit saves. Every read is bounded anyway: the
+            # response's head by the deadline (_send), its body by the read timeout and the
+            # deadline (_ReadLimit, _read_capped).
+            timeout=httpx.Timeout(
+                self.timeout_seconds,
+                connect=self.connect_timeout,
+                read=None,
+                pool=self.pool_timeout,
+            ),
+            limits=httpx.Limits(
+                max_connections=connections,
+                max_keepalive_connections=connections,
+                keepalive_expiry=self.keepalive_seconds,
+            ),
+            follow_redirects=False,
+        )
 
     async def _send(
         self,

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from services.errors import ResourceExhausted, Unavailable
+from services.llm import openai_compat
 from services.llm.base import (
     Finished,
     FinishReason,
@@ -959,6 +960,41 @@ async def test_a_request_waits_for_a_pooled_connection_to_come_free(
 
     assert [pieces for pieces, _ in answers] == [["Paris."]] * 3
     assert llm_server.connections == 1
+
+
+async def test_the_pool_is_split_into_clients_that_share_its_size(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Clients of 2 connections, 5 in all: the fifth answer opens a third client of 1, and
+    # a sixth finds the whole pool busy.
+    monkeypatch.setattr(openai_compat, "CONNECTIONS_PER_CLIENT", 2)
+    llm_server.script = endless_script(llm_server)
+    gen = make_generator(max_connections=5, pool_timeout=0.3)
+    holding = [gen.generate(REQUEST) for _ in range(5)]
+    for answer in holding:
+        assert isinstance(await anext(answer), TextPiece)
+
+    assert [(lane.limit, lane.busy) for lane in gen._lanes] == [(2, 2), (2, 2), (1, 1)]
+    assert llm_server.connections == 5
+    with pytest.raises(ResourceExhausted):
+        await collect(gen)
+    for answer in holding:
+        await answer.aclose()
+    assert [lane.busy for lane in gen._lanes] == [0, 0, 0]
+
+
+async def test_answers_after_a_burst_reuse_its_kept_alive_connections(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(openai_compat, "CONNECTIONS_PER_CLIENT", 2)
+    llm_server.script = answer_ok
+    gen = make_generator(max_connections=8)
+    first = await asyncio.gather(*(collect(gen) for _ in range(6)))
+    opened = llm_server.connections
+    again = await asyncio.gather(*(collect(gen) for _ in range(6)))
+
+    assert [pieces for pieces, _ in first + again] == [["ok"]] * 12
+    assert llm_server.connections == opened <= 6  # no new connection for the second burst
 
 
 def test_the_pool_size_defaults_to_what_the_open_file_limit_allows() -> None:
