@@ -78,7 +78,8 @@ _RESERVED_FILES = 256
 # once per idle one, and once per waiting request, every time a request starts or ends: with
 # 1,000 answers streaming through one client, that bookkeeping held the event loop for most
 # of two minutes (docs/performance.md, "Upstream pool"). The pool is split into clients of at
-# most this many connections, and an answer goes to the client with the fewest in flight.
+# most this many connections, and an answer goes to the client with the fewest in flight
+# (when the pool is full, it waits in that client's queue for up to the pool timeout).
 CONNECTIONS_PER_CLIENT = 64
 # httpx drops an idle connection after 5 s by default, so an answer that came more than 5 s
 # after the last one opened a new connection (a TLS handshake, for a hosted model) before it
