@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.machinery
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -995,6 +996,26 @@ async def test_answers_after_a_burst_reuse_its_kept_alive_connections(
 
     assert [pieces for pieces, _ in first + again] == [["ok"]] * 12
     assert llm_server.connections == opened <= 6  # no new connection for the second burst
+
+
+async def test_answers_do_not_search_the_path_for_a_module_on_every_request(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # httpcore imports sniffio whenever it makes a lock; a missing one is searched for anew.
+    llm_server.script = answer_ok
+    gen = make_generator()
+    await collect(gen)
+    searched: list[str] = []
+    find_spec = importlib.machinery.PathFinder.find_spec
+
+    def counted(name: str, *args: Any, **kwargs: Any) -> Any:
+        searched.append(name)
+        return find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.machinery.PathFinder, "find_spec", counted)
+    for _ in range(3):
+        assert (await collect(gen))[0] == ["ok"]
+    assert searched == []
 
 
 def test_the_pool_size_defaults_to_what_the_open_file_limit_allows() -> None:
