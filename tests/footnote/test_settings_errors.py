@@ -50,14 +50,12 @@ def test_a_value_the_service_cannot_run_with_is_refused_at_start(variable, value
 
 
 def test_the_overlap_is_checked_against_the_chunk_size_given() -> None:
-    env = {"FOOTNOTE_CHUNK_CHARS": "500", "FOOTNOTE_CHUNK_OVERLAP_CHARS": "499"}
     assert Settings(_env_file=None, chunk_chars=500, chunk_overlap_chars=499).chunk_chars == 500
-    result = CliRunner().invoke(app, ["serve"], env={**env, "FOOTNOTE_CHUNK_OVERLAP_CHARS": "500"})
+    env = {"FOOTNOTE_CHUNK_CHARS": "500", "FOOTNOTE_CHUNK_OVERLAP_CHARS": "500"}
+    result = CliRunner().invoke(app, ["serve"], env=env)
     assert result.exit_code == 2
-    assert (
-        "FOOTNOTE_CHUNK_OVERLAP_CHARS: Value error, must be less than FOOTNOTE_CHUNK_CHARS (500)"
-        in (result.output)
-    )
+    message = "must be less than FOOTNOTE_CHUNK_CHARS (500)"
+    assert f"FOOTNOTE_CHUNK_OVERLAP_CHARS: Value error, {message}" in result.output
 
 
 def test_a_log_level_in_any_case_is_accepted() -> None:
