@@ -91,18 +91,22 @@ def process(
 
 
 @contextlib.contextmanager
-def upstream(deltas: int, first_delay_ms: float = 0.0) -> Iterator[str]:
+def upstream(deltas: int, first_delay_ms: float = 0.0, pace_ms: float = 0.0) -> Iterator[str]:
+    """A scripted OpenAI-compatible server: `deltas` tokens an answer, the first after
+    `first_delay_ms`, then one every `pace_ms` (0: as fast as it can write them)."""
     port = free_port()
     args = [sys.executable, __file__, "upstream", "--port", str(port), "--deltas", str(deltas)]
-    with process([*args, "--first-delay-ms", str(first_delay_ms)], port):
+    args += ["--first-delay-ms", str(first_delay_ms), "--pace-ms", str(pace_ms)]
+    with process(args, port):
         yield f"http://127.0.0.1:{port}/v1"
 
 
 @contextlib.contextmanager
-def echo(deltas: int) -> Iterator[str]:
+def echo(deltas: int, pace_ms: float = 0.0) -> Iterator[str]:
+    """A bare grpc.aio StreamComplete: `deltas` messages a call, one every `pace_ms`."""
     port = free_port()
     args = [sys.executable, __file__, "echo", "--port", str(port), "--deltas", str(deltas)]
-    with process(args, port):
+    with process([*args, "--pace-ms", str(pace_ms)], port):
         yield f"127.0.0.1:{port}"
 
 
@@ -183,7 +187,7 @@ def event(payload: dict) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
 
 
-async def run_upstream(port: int, deltas: int, first_delay_ms: float) -> None:
+async def run_upstream(port: int, deltas: int, first_delay_ms: float, pace_ms: float) -> None:
     from aiohttp import web
 
     piece = event({"choices": [{"index": 0, "delta": {"content": WORD}}]})
@@ -204,7 +208,7 @@ async def run_upstream(port: int, deltas: int, first_delay_ms: float) -> None:
             await response.write(piece)  # one write per token, as a model server does
             # A model server produces the tokens of all its answers side by side; without this
             # an answer whose socket never fills would be streamed whole before the next began.
-            await asyncio.sleep(0)
+            await asyncio.sleep(pace_ms / 1000)
         await response.write(finish)
         await response.write(b"data: [DONE]\n\n")
         return response
@@ -217,7 +221,7 @@ async def run_upstream(port: int, deltas: int, first_delay_ms: float) -> None:
     await asyncio.Event().wait()
 
 
-async def run_echo(port: int, deltas: int) -> None:
+async def run_echo(port: int, deltas: int, pace_ms: float) -> None:
     import grpc
 
     from footnote.v1 import chat_service_pb2 as pb
@@ -225,6 +229,8 @@ async def run_echo(port: int, deltas: int) -> None:
     async def stream(request: bytes, context) -> object:
         for _ in range(deltas):
             yield pb.StreamCompleteResponse(delta=pb.CompletionDelta(content=WORD))
+            if pace_ms:
+                await asyncio.sleep(pace_ms / 1000)
 
     handler = grpc.method_handlers_generic_handler(
         "footnote.v1.ChatService",
@@ -302,12 +308,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--deltas", type=int, default=2000)
     parser.add_argument("--first-delay-ms", type=float, default=0.0)
+    parser.add_argument("--pace-ms", type=float, default=0.0)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if args.role == "upstream":
-        asyncio.run(run_upstream(args.port, args.deltas, args.first_delay_ms))
+        asyncio.run(run_upstream(args.port, args.deltas, args.first_delay_ms, args.pace_ms))
     else:
-        asyncio.run(run_echo(args.port, args.deltas))
+        asyncio.run(run_echo(args.port, args.deltas, args.pace_ms))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
     .venv/bin/python bench/relay.py                       # 1 and 100 streams, 2,000 deltas
     .venv/bin/python bench/relay.py --streams 1000 --deltas 200
+    .venv/bin/python bench/relay.py --streams 1000 --deltas 100 --pace-ms 20   # a model's pace
 
-A scripted upstream streams `deltas` chunks per answer, one write each; Footnote relays them
+A scripted upstream streams `deltas` chunks per answer, one write each (with `--pace-ms`, one
+every so many milliseconds, as a model produces them, and the echo likewise); Footnote relays them
 (assistant with RAG off, so the relay alone is measured). The baseline is a bare grpc.aio
 server streaming the same number of StreamCompleteResponse deltas. Both batches run in the
 same run, alternately, `--rounds` times; printed per batch: upstream deltas relayed per second
@@ -94,6 +96,12 @@ async def main() -> None:
     parser.add_argument("--streams", type=int, nargs="*", default=[1, 100])
     parser.add_argument("--deltas", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--pace-ms",
+        type=float,
+        default=0.0,
+        help="time between tokens, upstream and echo alike, as a model paces them (0: none)",
+    )
     loop_option(
         parser, "event loops to run Footnote on, each a server of its own (FOOTNOTE_EVENT_LOOP)"
     )
@@ -112,8 +120,8 @@ async def main() -> None:
         )
         metadata = (("authorization", f"Bearer {key}"),)
         with contextlib.ExitStack() as running:
-            llm = running.enter_context(upstream(args.deltas))
-            bare = running.enter_context(echo(args.deltas))
+            llm = running.enter_context(upstream(args.deltas, pace_ms=args.pace_ms))
+            bare = running.enter_context(echo(args.deltas, pace_ms=args.pace_ms))
             # A batch of long answers on 2 busy cores can outlast the default answer deadline.
             relays = {
                 f"footnote {loop}": running.enter_context(
@@ -121,7 +129,8 @@ async def main() -> None:
                 )
                 for loop in args.loops
             }
-            print(f"relay: {args.deltas:,} upstream deltas per stream, {args.rounds} rounds")
+            paced = f", one every {args.pace_ms:g} ms" if args.pace_ms else ""
+            print(f"relay: {args.deltas:,} upstream deltas per stream{paced}, {args.rounds} rounds")
             for target in (bare, *relays.values()):  # connections and the pool warm up
                 await batch(target, 4, request, metadata)
             for streams in args.streams:
