@@ -33,7 +33,8 @@ class Settings(BaseSettings):
     # open-file limit allows. One more waits llm_pool_timeout_seconds, then RESOURCE_EXHAUSTED.
     llm_max_connections: int | None = Field(default=None, ge=1)
     llm_pool_timeout_seconds: float = Field(default=10.0, gt=0)
-    # How long an idle upstream connection is kept for the next answer (httpx's default is 5 s).
+    # How long an idle upstream connection is kept for the next answer (aiohttp's default is
+    # 15 s, httpx's 5 s).
     llm_keepalive_seconds: float = Field(default=60.0, gt=0)
 
     embeddings_base_url: str | None = None

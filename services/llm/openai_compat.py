@@ -1,4 +1,13 @@
-"""The generator for OpenAI-compatible chat-completions servers, streamed over SSE."""
+"""The generator for OpenAI-compatible chat-completions servers, streamed over SSE.
+
+The upstream is spoken to with aiohttp: its HTTP parser is compiled (llhttp), and a streamed
+body is read from a buffer its protocol fills. httpx, which this module used before, reads
+each chunk through httpcore's pure-Python connection, h11 and anyio's stream: 36-48 us of CPU
+per relayed delta against 16-30 us with aiohttp, on the event loop that relays every answer
+(docs/performance.md, "Upstream client"). The SSE reading and the answer's checks are this
+module's own: the `openai` SDK builds a pydantic object per chunk, which is what a relay of
+every token of every answer cannot afford.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +22,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import httpx
 import orjson
+from aiohttp.http_exceptions import ContentEncodingError
 
 from services.errors import ResourceExhausted, Unavailable
 from services.llm.base import (
@@ -71,20 +82,14 @@ _DRAIN_SECONDS = 1.0
 # Each idle connection in the pool may turn out closed; a fresh one is never retried.
 _MAX_SEND_ATTEMPTS = 3
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+_JSON = {"Content-Type": "application/json"}
 SEED = 0
 # File descriptors kept for everything but upstream connections (database, clients, logs).
 _RESERVED_FILES = 256
-# Upstream connections per httpx client. httpcore's pool (1.0.x) walks all its connections
-# once per idle one, and once per waiting request, every time a request starts or ends: with
-# 1,000 answers streaming through one client, that bookkeeping held the event loop for most
-# of two minutes (docs/performance.md, "Upstream pool"). The pool is split into clients of at
-# most this many connections, and an answer goes to the client with the fewest in flight
-# (when the pool is full, it waits in that client's queue for up to the pool timeout).
-CONNECTIONS_PER_CLIENT = 64
-# httpx drops an idle connection after 5 s by default, so an answer that came more than 5 s
-# after the last one opened a new connection (a TLS handshake, for a hosted model) before it
-# could ask. Servers close idle connections on their own schedule: uvicorn (vLLM) after 5 s,
-# nginx after 75 s; a closed one is noticed before reuse, or the request is sent again.
+# An idle connection is kept this long for the next answer (aiohttp's default is 15 s,
+# httpx's 5 s), so an answer that comes after a pause needs no new TCP and TLS handshake.
+# Servers close idle connections on their own schedule: uvicorn (vLLM) after 5 s, nginx after
+# 75 s; one closed meanwhile fails the request at once, which is then sent again (_send).
 KEEPALIVE_SECONDS = 60.0
 _MAX_DEFAULT_CONNECTIONS = 4096
 
@@ -99,12 +104,30 @@ def default_max_connections() -> int:
 
 
 @dataclass
-class _Lane:
-    """One httpx client of the generator's pool, and the answers it is carrying."""
+class _Pool:
+    """The generator's connections on one event loop: an aiohttp session, and one slot per
+    connection that an answer holds from its request to the end of its body."""
 
-    client: httpx.AsyncClient
-    limit: int  # its connections
-    busy: int = 0
+    session: aiohttp.ClientSession
+    slots: asyncio.Semaphore
+    loop: asyncio.AbstractEventLoop
+
+
+class _Attempt:
+    """What one request attempt learnt from aiohttp's trace: whether it opened a connection."""
+
+    __slots__ = ("fresh",)
+
+    def __init__(self) -> None:
+        self.fresh = False
+
+
+async def _connection_opened(
+    session: aiohttp.ClientSession, context: Any, params: aiohttp.TraceConnectionCreateEndParams
+) -> None:
+    attempt = context.trace_request_ctx
+    if isinstance(attempt, _Attempt):
+        attempt.fresh = True
 
 
 class OpenAIGenerator:
@@ -154,60 +177,65 @@ class OpenAIGenerator:
         self._headers = {"Accept": "text/event-stream"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        # One TLS context for every client: httpx loads the CA bundle for each one otherwise
-        # (64 against 1.4 ms a client, on the event loop).
+        # certifi's CA bundle, as httpx verifies with, rather than the system's.
         self._tls = httpx.create_ssl_context()
-        self._lanes: list[_Lane] = []
-        self._lanes_loop: asyncio.AbstractEventLoop | None = None
+        self._trace = aiohttp.TraceConfig()
+        self._trace.on_connection_create_end.append(_connection_opened)
+        self._pool: _Pool | None = None
 
     async def aclose(self) -> None:
         """Closes the pooled connections; a later generate() opens new ones."""
-        lanes, self._lanes = self._lanes, []
-        for lane in lanes:
-            await lane.client.aclose()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.session.close()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         model = request.model or self.model
         loop = asyncio.get_running_loop()
-        lane = self._lane(loop)
-        client = lane.client
+        pool = self._pool_of(loop)
         deadline = loop.time() + self.timeout_seconds
         answer = _Answer(model)
-        payload = _payload(request, model)
-        lane.busy += 1
+        body = orjson.dumps(_payload(request, model))
         try:
-            # The exit stack closes the response (and so the connection, as its body is unread)
-            # however this generator ends: exhausted, failed, aclose()d or cancelled.
+            # The exit stack gives back the connection's slot, and closes the response (and so
+            # the connection, unless its body was read to the end) however this generator ends:
+            # exhausted, failed, aclose()d or cancelled.
             async with contextlib.AsyncExitStack() as exits:
-                response = await self._send(client, payload, deadline, exits)
-                if response.status_code // 100 != 2:
+                await self._take_slot(pool, exits)
+                response = await self._send(pool.session, body, deadline, exits)
+                if response.status // 100 != 2:
                     await self._raise_for_status(response, answer, deadline)
                 content_type = response.headers.get("content-type", "").lower()
                 if content_type.startswith("application/json"):
                     # A server (or proxy) that ignored stream=true: one piece, same checks.
-                    body = await _read_capped(response, _MAX_JSON_BODY_BYTES, deadline)
-                    text = answer.accept_completion(body)
+                    raw = await _read_capped(response, _MAX_JSON_BODY_BYTES, deadline)
+                    text = answer.accept_completion(raw)
                     if text:
                         yield TextPiece(text)
                 else:
-                    chunks = await exits.enter_async_context(
-                        contextlib.aclosing(response.aiter_bytes())
-                    )
+                    chunks = response.content.iter_any()
                     decoder = _EventStreamDecoder()
                     reads = _ReadLimit()
                     exits.callback(reads.close)
-                    # The events of one network read go out as one piece: under load a read
-                    # holds many, and one message each would cost the relay more than the
-                    # text is worth. Nothing waits for a later read, so no text is held back.
+                    # The events of one read go out as one piece: a read takes all that has
+                    # arrived, under load many events, and one message each would cost the
+                    # relay more than the text is worth. Nothing waits for a later read, so no
+                    # text is held back.
                     while (
                         chunk := await self._next_chunk(chunks, answer, deadline, reads)
                     ) is not None:
-                        if text := _joined_text(answer, decoder.feed(chunk)):
+                        text, failed = _joined_text(answer, decoder.feed(chunk))
+                        if text:
                             yield TextPiece(text)
-                    if text := _joined_text(answer, decoder.close()):
+                        if failed is not None:
+                            raise failed
+                    text, failed = _joined_text(answer, decoder.close())
+                    if text:
                         yield TextPiece(text)
+                    if failed is not None:
+                        raise failed
             yield answer.finished(request)
-        except (Unavailable, httpx.HTTPError, TimeoutError) as err:
+        except (Unavailable, aiohttp.ClientError, TimeoutError) as err:
             failure = err if isinstance(err, Unavailable) else self._translate(err, answer)
             LLM_ERRORS.labels(failure.reason).inc()
             if answer.chars:
@@ -216,93 +244,95 @@ class OpenAIGenerator:
             if failure is err:
                 raise
             raise failure from err
-        finally:
-            lane.busy -= 1
 
-    def _translate(self, err: httpx.HTTPError | TimeoutError, answer: _Answer) -> Unavailable:
+    def _translate(self, err: aiohttp.ClientError | TimeoutError, answer: _Answer) -> Unavailable:
         log.warning("LLM %s failed: %s: %s", self.url, type(err).__name__, err)
+        # aiohttp's own timeouts are TimeoutErrors too; the only one set is the connect's.
+        if isinstance(err, aiohttp.ServerTimeoutError):
+            return answer.error(LLM_TIMEOUT, timeout="connect")
         if isinstance(err, TimeoutError):
             return answer.error(LLM_TIMEOUT, timeout="deadline")
-        if isinstance(err, httpx.TimeoutException):
-            connecting = isinstance(err, httpx.ConnectTimeout | httpx.PoolTimeout)
-            return answer.error(LLM_TIMEOUT, timeout="connect" if connecting else "read")
-        if isinstance(err, httpx.DecodingError):
-            return answer.error(LLM_BAD_RESPONSE)
+        if isinstance(err.__cause__, ContentEncodingError):
+            return answer.error(LLM_BAD_RESPONSE)  # a body its content-encoding cannot decode
         return answer.error(LLM_UNAVAILABLE)
 
-    def _lane(self, loop: asyncio.AbstractEventLoop) -> _Lane:
-        """The client with the fewest answers in flight, or a new one when every client is
-        full and the pool has room left (CONNECTIONS_PER_CLIENT)."""
-        # Pooled connections belong to the loop that opened them.
-        if self._lanes_loop is not loop or any(lane.client.is_closed for lane in self._lanes):
-            self._lanes, self._lanes_loop = [], loop
-        lane = min(self._lanes, key=lambda lane: lane.busy, default=None)
-        room = self.max_connections - sum(lane.limit for lane in self._lanes)
-        if lane is None or (lane.busy >= lane.limit and room > 0):
-            connections = min(CONNECTIONS_PER_CLIENT, room)
-            lane = _Lane(self._http_client(connections), connections)
-            self._lanes.append(lane)
-        return lane
-
-    def _http_client(self, connections: int) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            headers=self._headers,
-            verify=self._tls,
-            # No read timeout of httpx's own: it set a timer per socket read (anyio's cancel
-            # scope), which costs what _ReadLimit saves. Every read is bounded anyway: the
-            # response's head by the deadline (_send), its body by the read timeout and the
-            # deadline (_ReadLimit, _read_capped).
-            timeout=httpx.Timeout(
-                self.timeout_seconds,
-                connect=self.connect_timeout,
-                read=None,
-                pool=self.pool_timeout,
-            ),
-            limits=httpx.Limits(
-                max_connections=connections,
-                max_keepalive_connections=connections,
-                keepalive_expiry=self.keepalive_seconds,
-            ),
-            follow_redirects=False,
+    def _pool_of(self, loop: asyncio.AbstractEventLoop) -> _Pool:
+        """The pool of connections of this event loop, made on its first answer."""
+        pool = self._pool
+        if pool is not None and pool.loop is loop and not pool.session.closed:
+            return pool
+        if pool is not None:
+            # The connections of another event loop (an earlier asyncio.run) can be neither
+            # used nor closed from this one; they are dropped, as that loop's other sockets are.
+            pool.session.detach()
+        connector = aiohttp.TCPConnector(
+            # No limit of aiohttp's: the slots (_take_slot) are the pool's size, so that an answer
+            # that waits too long for one is told the server is busy, not that the model is.
+            limit=0,
+            ssl=self._tls,
+            keepalive_timeout=self.keepalive_seconds,
         )
+        session = aiohttp.ClientSession(
+            connector=connector,
+            headers=self._headers,
+            # The connect timeout alone: the response's head is bounded by the deadline (_send),
+            # its body by the read timeout and the deadline (_ReadLimit, _read_capped).
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
+            trace_configs=[self._trace],
+            # HTTP(S)_PROXY and NO_PROXY are honoured, as httpx honoured them before.
+            trust_env=True,
+        )
+        self._pool = _Pool(session, asyncio.Semaphore(self.max_connections), loop)
+        return self._pool
 
-    async def _send(
-        self,
-        client: httpx.AsyncClient,
-        payload: dict[str, Any],
-        deadline: float,
-        exits: contextlib.AsyncExitStack,
-    ) -> httpx.Response:
-        attempt = 0
-        while True:
-            attempt += 1
-            fresh = False
-
-            async def trace(event: str, info: Mapping[str, Any]) -> None:
-                nonlocal fresh
-                fresh = fresh or event.startswith("connection.connect_tcp")
-
-            request = client.build_request(
-                "POST", self.url, json=payload, extensions={"trace": trace}
-            )
+    async def _take_slot(self, pool: _Pool, exits: contextlib.AsyncExitStack) -> None:
+        """One of the pool's connections for this answer, waiting at most the pool timeout."""
+        slots = pool.slots
+        if slots.locked():
             try:
-                async with asyncio.timeout_at(deadline):
-                    response = await client.send(request, stream=True)
-            except httpx.PoolTimeout as err:
+                async with asyncio.timeout(self.pool_timeout):
+                    await slots.acquire()
+            except TimeoutError as err:
                 log.warning("LLM %s: all %d connections busy", self.url, self.max_connections)
                 raise ResourceExhausted(
                     "the server is answering as many questions as it can; try again shortly",
                     reason=LLM_POOL_EXHAUSTED,
                     metadata={"max_connections": str(self.max_connections)},
                 ) from err
-            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as err:
+        else:
+            await slots.acquire()  # at once: no timer for the common case
+        exits.callback(slots.release)
+
+    async def _send(
+        self,
+        session: aiohttp.ClientSession,
+        body: bytes,
+        deadline: float,
+        exits: contextlib.AsyncExitStack,
+    ) -> aiohttp.ClientResponse:
+        attempt = 0
+        while True:
+            attempt += 1
+            trace = _Attempt()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    response = await session.post(
+                        self.url,
+                        data=body,
+                        headers=_JSON,
+                        allow_redirects=False,
+                        trace_request_ctx=trace,
+                    )
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
                 # A kept-alive connection that the server closed just as we reused it (llama-server
                 # closes each one after a stream): nothing was answered, so ask again on a new one.
-                if fresh or attempt == _MAX_SEND_ATTEMPTS:
+                if trace.fresh or isinstance(err, aiohttp.ClientConnectorError):
+                    raise
+                if attempt == _MAX_SEND_ATTEMPTS:
                     raise
                 log.info("LLM %s: reused connection was closed (%s); retrying", self.url, err)
                 continue
-            exits.push_async_callback(response.aclose)
+            exits.callback(_finish, response)
             return response
 
     async def _next_chunk(
@@ -318,7 +348,7 @@ class OpenAIGenerator:
             limit = min(deadline, loop.time() + self.read_timeout)
         try:
             return await reads.next(chunks, limit)
-        except (TimeoutError, httpx.HTTPError) as err:
+        except (TimeoutError, aiohttp.ClientError) as err:
             if answer.finish is not None:
                 # Only the usage record was still to come; the answer itself is complete.
                 log.info("LLM %s: stream ended badly after finishing (%r)", self.url, err)
@@ -330,14 +360,14 @@ class OpenAIGenerator:
             raise
 
     async def _raise_for_status(
-        self, response: httpx.Response, answer: _Answer, deadline: float
+        self, response: aiohttp.ClientResponse, answer: _Answer, deadline: float
     ) -> None:
-        status = response.status_code
+        status = response.status
         # The body only goes to the log: not worth waiting long for.
         limit = min(deadline, asyncio.get_running_loop().time() + self.read_timeout)
         try:
             body = await _read_capped(response, _MAX_ERROR_BODY_BYTES, limit)
-        except (TimeoutError, httpx.HTTPError):
+        except (TimeoutError, aiohttp.ClientError):
             body = b""
         log.warning(
             "LLM %s answered HTTP %d: %s",
@@ -427,10 +457,17 @@ class _ReadLimit:
         task.cancel()
 
 
-def _joined_text(answer: _Answer, events: list[tuple[str, str]]) -> str:
-    if len(events) == 1:
-        return answer.accept_event(*events[0])
-    return "".join([answer.accept_event(kind, data) for kind, data in events])
+def _joined_text(answer: _Answer, events: list[tuple[str, str]]) -> tuple[str, Unavailable | None]:
+    """The text a read's events add, and the failure of an event that ends the answer: the
+    text of the events before it is still streamed, as it would be had they come in an
+    earlier read."""
+    parts: list[str] = []
+    try:
+        for kind, data in events:
+            parts.append(answer.accept_event(kind, data))
+    except Unavailable as err:
+        return "".join(parts), err
+    return "".join(parts), None
 
 
 def chat_completions_url(base_url: str) -> str:
@@ -464,14 +501,23 @@ def _error(reason: str, model: str, **metadata: str) -> Unavailable:
     return Unavailable(_MESSAGES[reason], reason=reason, metadata=metadata)
 
 
-async def _read_capped(response: httpx.Response, cap: int, deadline: float) -> bytes:
+async def _read_capped(response: aiohttp.ClientResponse, cap: int, deadline: float) -> bytes:
     body = bytearray()
     async with asyncio.timeout_at(deadline):
-        async for chunk in response.aiter_bytes():
+        async for chunk in response.content.iter_any():
             body += chunk
             if len(body) > cap:
                 break
     return bytes(body[:cap])
+
+
+def _finish(response: aiohttp.ClientResponse) -> None:
+    """Back to the pool if the body was read to its end; otherwise closed, which is also how
+    the upstream learns to stop generating an answer nobody reads."""
+    if response.content.at_eof():
+        response.release()
+    else:
+        response.close()
 
 
 class _Answer:

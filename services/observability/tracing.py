@@ -132,11 +132,14 @@ def otlp_exporter() -> SpanExporter:
 
 
 def instrument_libraries(provider: TracerProvider) -> None:
-    """Celery: context in task headers and a span per publish and run; httpx: upstream calls."""
+    """Celery: context in task headers and a span per publish and run; aiohttp (the LLM) and
+    httpx (an embedding server): a span per upstream call, its context in the headers."""
+    from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
     CeleryInstrumentor().instrument(tracer_provider=provider)
+    AioHttpClientInstrumentor().instrument(tracer_provider=provider)
     HTTPXClientInstrumentor().instrument(tracer_provider=provider)
 
 
