@@ -51,9 +51,9 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
+import aiohttp
 import corpus
 import grpc
-import httpx
 from complete import main_tree
 from harness import footnote_server, machine, percentile, upstream
 
@@ -72,11 +72,12 @@ from services.retrieval.search import search
 SERVER_TREE = Path("/tmp/fnbench-ttft-server")
 
 
-async def upstream_first_token(client: httpx.AsyncClient, url: str) -> float:
+async def upstream_first_token(client: aiohttp.ClientSession, url: str) -> float:
+    """The scripted upstream's own first token, asked with the HTTP client the server uses."""
     began = time.perf_counter()
     payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    async with client.stream("POST", f"{url}/chat/completions", json=payload) as response:
-        async for _ in response.aiter_bytes():
+    async with client.post(f"{url}/chat/completions", json=payload) as response:
+        async for _ in response.content.iter_any():
             return time.perf_counter() - began
     raise RuntimeError("the upstream sent nothing")
 
@@ -358,7 +359,7 @@ async def main() -> None:
                 targets.append(
                     running.enter_context(footnote_server(endpoints, llm, cwd=tree, env=env))
                 )
-            async with contextlib.AsyncExitStack() as channels, httpx.AsyncClient() as client:
+            async with contextlib.AsyncExitStack() as channels, aiohttp.ClientSession() as client:
                 stubs = [
                     pb_grpc.ChatServiceStub(
                         await channels.enter_async_context(grpc.aio.insecure_channel(target))
