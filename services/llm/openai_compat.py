@@ -5,9 +5,9 @@ body is read from a buffer its protocol fills. httpx, which this module used bef
 each chunk through httpcore's pure-Python connection, h11 and anyio's stream: a client reading
 200 streamed answers spent 36-48 us of CPU per event with httpx against 16-30 us with aiohttp,
 and that CPU is the event loop's, which relays every answer (docs/performance.md, "Upstream
-client"). The SSE reading and the answer's checks are this
-module's own: the `openai` SDK builds a pydantic object per chunk, which is what a relay of
-every token of every answer cannot afford.
+client"). The SSE reading and the answer's checks are this module's own: the `openai` SDK
+builds a pydantic object per chunk, which is what a relay of every token of every answer
+cannot afford.
 """
 
 from __future__ import annotations
@@ -327,9 +327,9 @@ class OpenAIGenerator:
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
                 # A kept-alive connection that the server closed just as we reused it (llama-server
                 # closes each one after a stream): nothing was answered, so ask again on a new one.
-                if trace.fresh or isinstance(err, aiohttp.ClientConnectorError):
-                    raise
-                if attempt == _MAX_SEND_ATTEMPTS:
+                # A new connection (opened, or failing to open) fails for good.
+                opened = trace.fresh or isinstance(err, aiohttp.ClientConnectorError)
+                if opened or attempt == _MAX_SEND_ATTEMPTS:
                     raise
                 log.info("LLM %s: reused connection was closed (%s); retrying", self.url, err)
                 continue
