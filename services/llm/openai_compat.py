@@ -19,6 +19,8 @@ import logging
 import re
 import resource
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -83,7 +85,6 @@ _DRAIN_SECONDS = 1.0
 # Each idle connection in the pool may turn out closed; a fresh one is never retried.
 _MAX_SEND_ATTEMPTS = 3
 _LINE_END = re.compile(rb"\r\n|\r|\n")
-_JSON = {"Content-Type": "application/json"}
 SEED = 0
 # File descriptors kept for everything but upstream connections (database, clients, logs).
 _RESERVED_FILES = 256
@@ -93,6 +94,26 @@ _RESERVED_FILES = 256
 # 75 s; one closed meanwhile fails the request at once, which is then sent again (_send).
 KEEPALIVE_SECONDS = 60.0
 _MAX_DEFAULT_CONNECTIONS = 4096
+
+
+def environment_proxy(url: str) -> str | None:
+    """The proxy HTTP(S)_PROXY and NO_PROXY name for `url` (with any credentials in its URL).
+
+    Read once, as httpx read them when it made its client. aiohttp's trust_env reads them, and
+    ~/.netrc, again for every request, each time in a job on the event loop's default
+    executor, where the server's database reads and questions' embeddings wait their turn:
+    a request to a local server took 0.91 ms p50 that way against 0.27 ms, and 10.7 ms
+    against 0.5 ms behind twelve jobs of 4 ms. And a ~/.netrc entry for the upstream's host
+    made aiohttp refuse any request that carries an API key (ValueError: it will not send
+    both an Authorization header and credentials).
+    """
+    target = urllib.parse.urlsplit(url)
+    if not target.hostname or urllib.request.proxy_bypass(target.hostname):
+        return None
+    proxy = urllib.request.getproxies().get(target.scheme)
+    if proxy and "://" not in proxy:
+        proxy = f"http://{proxy}"  # "host:port", as curl takes it
+    return proxy or None
 
 
 def default_max_connections() -> int:
@@ -175,11 +196,15 @@ class OpenAIGenerator:
         self.timeout_seconds = timeout_seconds
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self._headers = {"Accept": "text/event-stream"}
+        # Each request's own headers, not the session's: aiohttp copies a session's headers
+        # into its request to a proxy named per request, and would send the API key there as
+        # Proxy-Authorization.
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         # certifi's CA bundle, as httpx verifies with, rather than the system's.
         self._tls = httpx.create_ssl_context()
+        self._proxy = environment_proxy(self.url)
         self._trace = aiohttp.TraceConfig()
         self._trace.on_connection_create_end.append(_connection_opened)
         self._pool: _Pool | None = None
@@ -275,13 +300,12 @@ class OpenAIGenerator:
         )
         session = aiohttp.ClientSession(
             connector=connector,
-            headers=self._headers,
             # The connect timeout alone: the response's head is bounded by the deadline (_send),
             # its body by the read timeout and the deadline (_ReadLimit, _read_capped).
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
             trace_configs=[self._trace],
-            # HTTP(S)_PROXY and NO_PROXY are honoured, as httpx honoured them before.
-            trust_env=True,
+            # Not trust_env: the proxy is read once (environment_proxy).
+            trust_env=False,
         )
         self._pool = _Pool(session, asyncio.Semaphore(self.max_connections), loop)
         return self._pool
@@ -320,8 +344,9 @@ class OpenAIGenerator:
                     response = await session.post(
                         self.url,
                         data=body,
-                        headers=_JSON,
+                        headers=self._headers,
                         allow_redirects=False,
+                        proxy=self._proxy,
                         trace_request_ctx=trace,
                     )
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import importlib.machinery
 import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -689,6 +691,86 @@ async def test_an_idle_connection_is_kept_for_the_next_answer_as_long_as_configu
     # The second answer asked on the first one's connection unless it had expired.
     assert len(llm_server.requests) == 2
     assert llm_server.connections == connections
+
+
+@pytest.mark.parametrize(
+    ("credentials", "proxy_authorization"),
+    [("user:p%40ss@", "Basic " + base64.b64encode(b"user:p@ss").decode()), ("", None)],
+)
+async def test_an_answer_goes_through_the_proxy_the_environment_names(
+    llm_server: ScriptedServer,
+    make_generator: GeneratorFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    credentials: str,
+    proxy_authorization: str | None,
+) -> None:
+    # The scripted server stands in for the proxy, which is asked for the whole URL. The API
+    # key is the upstream's: aiohttp sends a session's Authorization to a proxy named per
+    # request as Proxy-Authorization.
+    monkeypatch.setenv("HTTP_PROXY", f"http://{credentials}127.0.0.1:{llm_server.port}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    llm_server.script = answer_ok
+    gen = make_generator(base_url="http://llm.invalid:8080/v1")
+
+    assert (await collect(gen))[0] == ["ok"]
+    (request,) = llm_server.requests
+    assert request.path == "http://llm.invalid:8080/v1/chat/completions"
+    assert request.headers.get("proxy-authorization") == proxy_authorization
+    assert request.headers["authorization"] == "Bearer sk-test"
+
+
+async def test_a_host_the_environment_exempts_is_asked_directly(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:1")  # nothing listens there
+    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+    llm_server.script = answer_ok
+    gen = make_generator()
+
+    assert (await collect(gen))[0] == ["ok"]
+    assert llm_server.requests[0].path == "/v1/chat/completions"
+
+
+async def test_a_netrc_entry_for_the_upstream_does_not_stop_a_keyed_request(
+    llm_server: ScriptedServer,
+    make_generator: GeneratorFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # aiohttp, trusting the environment, took the entry as credentials and then refused to send
+    # them beside the API key's Authorization header.
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login someone password secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    llm_server.script = answer_ok
+    gen = make_generator()
+
+    assert (await collect(gen))[0] == ["ok"]
+    assert llm_server.requests[0].headers["authorization"] == "Bearer sk-test"
+
+
+async def test_an_answer_hands_no_job_to_the_event_loop_executor(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server's database reads and embeddings queue on that executor; an answer's request
+    # must not wait behind them (aiohttp's trust_env read the environment there, twice).
+    llm_server.script = answer_ok
+    gen = make_generator()
+    await collect(gen)  # the first answer opens the pool
+    loop = asyncio.get_running_loop()
+    jobs: list[Any] = []
+    run_in_executor = loop.run_in_executor
+
+    def counted(executor: Any, func: Any, *args: Any) -> Any:
+        jobs.append(func)
+        return run_in_executor(executor, func, *args)
+
+    monkeypatch.setattr(loop, "run_in_executor", counted)
+    for _ in range(3):
+        assert (await collect(gen))[0] == ["ok"]
+    assert jobs == []
 
 
 def test_the_default_keepalive_outlives_httpx_own_five_seconds() -> None:
