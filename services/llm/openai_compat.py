@@ -28,7 +28,11 @@ from typing import Any
 import aiohttp
 import httpx
 import orjson
-from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.http_exceptions import (
+    ContentLengthError,
+    HttpProcessingError,
+    TransferEncodingError,
+)
 
 from services.errors import ResourceExhausted, Unavailable
 from services.llm.base import (
@@ -82,8 +86,10 @@ _MAX_ERROR_BODY_BYTES = 4096
 # Upstream bodies may echo keys or prompts: they go to the log, cut short, never to the client.
 _LOGGED_BODY_CHARS = 500
 _DRAIN_SECONDS = 1.0
-# Each idle connection in the pool may turn out closed; a fresh one is never retried.
-_MAX_SEND_ATTEMPTS = 3
+# A request that failed on a reused connection is sent once more; one on a new connection is
+# never sent again. The server may have read it (a prompt that crashed it, not a connection it
+# had closed while idle), so it is not sent a third time.
+_MAX_SEND_ATTEMPTS = 2
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 SEED = 0
 # File descriptors kept for everything but upstream connections (database, clients, logs).
@@ -278,8 +284,8 @@ class OpenAIGenerator:
             return answer.error(LLM_TIMEOUT, timeout="connect")
         if isinstance(err, TimeoutError):
             return answer.error(LLM_TIMEOUT, timeout="deadline")
-        if isinstance(err.__cause__, ContentEncodingError):
-            return answer.error(LLM_BAD_RESPONSE)  # a body its content-encoding cannot decode
+        if _unreadable(err):
+            return answer.error(LLM_BAD_RESPONSE)
         return answer.error(LLM_UNAVAILABLE)
 
     def _pool_of(self, loop: asyncio.AbstractEventLoop) -> _Pool:
@@ -302,7 +308,15 @@ class OpenAIGenerator:
             connector=connector,
             # The connect timeout alone: the response's head is bounded by the deadline (_send),
             # its body by the read timeout and the deadline (_ReadLimit, _read_capped).
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
+            # `connect` bounds the name's lookup and every address tried; `sock_connect` alone
+            # was given afresh to each address.
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=self.connect_timeout, sock_connect=self.connect_timeout
+            ),
+            # Nothing an upstream sets is sent back: not one tenant's cookie on another's
+            # request, nor a balancer's affinity cookie that would pin every answer to one
+            # replica.
+            cookie_jar=aiohttp.DummyCookieJar(),
             trace_configs=[self._trace],
             # Not trust_env: the proxy is read once (environment_proxy).
             trust_env=False,
@@ -356,7 +370,7 @@ class OpenAIGenerator:
                 opened = trace.fresh or isinstance(err, aiohttp.ClientConnectorError)
                 if opened or attempt == _MAX_SEND_ATTEMPTS:
                     raise
-                log.info("LLM %s: reused connection was closed (%s); retrying", self.url, err)
+                log.warning("LLM %s: reused connection was closed (%s); retrying", self.url, err)
                 continue
             exits.callback(_finish, response)
             return response
@@ -535,6 +549,22 @@ async def _read_capped(response: aiohttp.ClientResponse, cap: int, deadline: flo
             if len(body) > cap:
                 break
     return bytes(body[:cap])
+
+
+def _unreadable(err: BaseException) -> bool:
+    """Whether aiohttp failed to parse what the upstream sent: a malformed status line or
+    header, one too long, a content-encoding it cannot decode. aiohttp wraps the parser's
+    error (a response head's twice), so the chain of causes is searched. A body cut short
+    (less than its length or its last chunk) is not among them: that is the connection's
+    failure."""
+    cause = err.__cause__
+    while cause is not None:
+        if isinstance(cause, (ContentLengthError, TransferEncodingError)):
+            return False
+        if isinstance(cause, HttpProcessingError):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def _finish(response: aiohttp.ClientResponse) -> None:

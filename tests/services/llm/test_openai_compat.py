@@ -644,6 +644,51 @@ async def test_a_body_its_content_encoding_cannot_decode_is_a_bad_response(
     assert err.reason == "LLM_BAD_RESPONSE"
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 2x0 Odd\r\ncontent-length: 0\r\n\r\n",  # a status line that is not one
+        b"HTTP/1.1 200 OK\r\nx-padding: " + b"x" * 9000 + b"\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 5\r\n\r\nabc",
+    ],
+    ids=["status-line", "header-too-long", "two-lengths"],
+)
+async def test_a_response_head_that_cannot_be_read_is_a_bad_response(
+    llm_server: ScriptedServer, generator: OpenAIGenerator, head: bytes
+) -> None:
+    # aiohttp reports these as a ClientResponseError with status 400, two causes deep.
+    async def script(ex: Exchange) -> None:
+        ex.writer.write(head)
+        await ex.writer.drain()
+        ex.writer.close()
+
+    llm_server.script = script
+    err, pieces = await failure(generator)
+
+    assert pieces == []
+    assert err.reason == "LLM_BAD_RESPONSE"
+
+
+async def test_a_body_shorter_than_its_length_is_unavailable(
+    llm_server: ScriptedServer, generator: OpenAIGenerator
+) -> None:
+    async def script(ex: Exchange) -> None:
+        ex.writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 500\r\n\r\n"
+            + b"data: "
+            + json.dumps(chunk("Paris is")).encode()
+            + b"\n\n"
+        )
+        await ex.writer.drain()
+        ex.writer.close()  # the connection ends before the length it promised
+
+    llm_server.script = script
+    err, pieces = await failure(generator)
+
+    assert pieces == ["Paris is"]
+    assert err.reason == "LLM_UNAVAILABLE"
+
+
 async def test_nothing_listening_is_unavailable() -> None:
     server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -677,6 +722,54 @@ async def test_a_kept_alive_connection_the_server_closed_is_retried_on_a_new_one
     assert llm_server.connections == 3
 
 
+async def test_a_request_the_server_keeps_dropping_is_sent_at_most_twice(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory
+) -> None:
+    # Three kept-alive connections, then a server that reads each request and drops the
+    # connection (as one does that a prompt crashes): the request is sent again once, on the
+    # next pooled connection, and not a third time.
+    all_in = asyncio.Barrier(3)
+
+    async def answer_together(ex: Exchange) -> None:
+        await all_in.wait()
+        await answer_ok(ex)
+
+    llm_server.script = answer_together
+    gen = make_generator()
+    await asyncio.gather(*(collect(gen) for _ in range(3)))
+    assert llm_server.connections == 3
+
+    async def crash(ex: Exchange) -> None:
+        ex.writer.close()
+
+    llm_server.script = crash
+    err, _ = await failure(gen)
+
+    assert err.reason == "LLM_UNAVAILABLE"
+    assert len(llm_server.requests) == 3 + 2
+
+
+async def test_a_cookie_the_upstream_sets_is_not_sent_back(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory
+) -> None:
+    # By name, not address: aiohttp's jar keeps no cookies for an IP address anyway.
+    async def script(ex: Exchange) -> None:
+        ex.writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"set-cookie: AWSALB=backend-7; Path=/\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        await ex.event(chunk("ok", "stop"))
+        await ex.event("[DONE]")
+        await ex.end_stream()
+
+    llm_server.script = script
+    gen = make_generator(base_url=f"http://localhost:{llm_server.port}/v1")
+    for _ in range(2):
+        assert (await collect(gen))[0] == ["ok"]
+
+    assert [r.headers.get("cookie") for r in llm_server.requests] == [None, None]
+
+
 @pytest.mark.parametrize(("keepalive", "connections"), [(30.0, 1), (0.05, 2)])
 async def test_an_idle_connection_is_kept_for_the_next_answer_as_long_as_configured(
     llm_server: ScriptedServer, make_generator: GeneratorFactory, keepalive: float, connections: int
@@ -707,9 +800,10 @@ async def test_an_answer_goes_through_the_proxy_the_environment_names(
     # The scripted server stands in for the proxy, which is asked for the whole URL. The API
     # key is the upstream's: aiohttp sends a session's Authorization to a proxy named per
     # request as Proxy-Authorization.
-    monkeypatch.setenv("HTTP_PROXY", f"http://{credentials}127.0.0.1:{llm_server.port}")
-    monkeypatch.delenv("NO_PROXY", raising=False)
-    monkeypatch.delenv("no_proxy", raising=False)
+    for name in ("HTTP_PROXY", "http_proxy"):  # the lower-case name wins where both are set
+        monkeypatch.setenv(name, f"http://{credentials}127.0.0.1:{llm_server.port}")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
     llm_server.script = answer_ok
     gen = make_generator(base_url="http://llm.invalid:8080/v1")
 
@@ -723,8 +817,10 @@ async def test_an_answer_goes_through_the_proxy_the_environment_names(
 async def test_a_host_the_environment_exempts_is_asked_directly(
     llm_server: ScriptedServer, make_generator: GeneratorFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:1")  # nothing listens there
-    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+    for name in ("HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:1")  # nothing listens there
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "localhost,127.0.0.1")
     llm_server.script = answer_ok
     gen = make_generator()
 
