@@ -291,6 +291,21 @@ async def collect(
     return [e.text for e in events if isinstance(e, TextPiece)], finals[0]
 
 
+async def open_together(server: ScriptedServer, gen: OpenAIGenerator, count: int) -> None:
+    """`count` answers at once, each on a connection of its own that stays pooled: each waits
+    for the others, so none frees its connection for another, whatever the scheduling."""
+    all_in = asyncio.Barrier(count)
+
+    async def answer_together(ex: Exchange) -> None:
+        await all_in.wait()
+        await answer_ok(ex)
+
+    server.script = answer_together
+    answers = await asyncio.gather(*(collect(gen) for _ in range(count)))
+    assert [pieces for pieces, _ in answers] == [["ok"]] * count
+    assert server.connections == count
+
+
 async def failure(
     gen: OpenAIGenerator, request: GenerationRequest = REQUEST
 ) -> tuple[Unavailable, list[str]]:
@@ -728,16 +743,8 @@ async def test_a_request_the_server_keeps_dropping_is_sent_at_most_twice(
     # Three kept-alive connections, then a server that reads each request and drops the
     # connection (as one does that a prompt crashes): the request is sent again once, on the
     # next pooled connection, and not a third time.
-    all_in = asyncio.Barrier(3)
-
-    async def answer_together(ex: Exchange) -> None:
-        await all_in.wait()
-        await answer_ok(ex)
-
-    llm_server.script = answer_together
     gen = make_generator()
-    await asyncio.gather(*(collect(gen) for _ in range(3)))
-    assert llm_server.connections == 3
+    await open_together(llm_server, gen, 3)
 
     async def crash(ex: Exchange) -> None:
         ex.writer.close()
@@ -1182,22 +1189,12 @@ async def test_the_pool_holds_as_many_answers_as_it_has_connections_and_frees_th
 async def test_answers_after_a_burst_reuse_its_kept_alive_connections(
     llm_server: ScriptedServer, make_generator: GeneratorFactory
 ) -> None:
-    # The first burst's six answers wait for one another, so none frees its connection for
-    # another of the six: the burst opens six, whatever the scheduling.
-    all_in = asyncio.Barrier(6)
-
-    async def answer_together(ex: Exchange) -> None:
-        await all_in.wait()
-        await answer_ok(ex)
-
-    llm_server.script = answer_together
     gen = make_generator(max_connections=8)
-    first = await asyncio.gather(*(collect(gen) for _ in range(6)))
-    assert llm_server.connections == 6
+    await open_together(llm_server, gen, 6)
     llm_server.script = answer_ok
     again = await asyncio.gather(*(collect(gen) for _ in range(6)))
 
-    assert [pieces for pieces, _ in first + again] == [["ok"]] * 12
+    assert [pieces for pieces, _ in again] == [["ok"]] * 6
     assert llm_server.connections == 6  # no new connection for the second burst
 
 
