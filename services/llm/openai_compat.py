@@ -86,10 +86,6 @@ _MAX_ERROR_BODY_BYTES = 4096
 # Upstream bodies may echo keys or prompts: they go to the log, cut short, never to the client.
 _LOGGED_BODY_CHARS = 500
 _DRAIN_SECONDS = 1.0
-# A request that failed on a reused connection is sent once more; one on a new connection is
-# never sent again. The server may have read it (a prompt that crashed it, not a connection it
-# had closed while idle), so it is not sent a third time.
-_MAX_SEND_ATTEMPTS = 2
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 SEED = 0
 # File descriptors kept for everything but upstream connections (database, clients, logs).
@@ -133,12 +129,23 @@ def default_max_connections() -> int:
 
 @dataclass
 class _Pool:
-    """The generator's connections on one event loop: an aiohttp session, and one slot per
-    connection that an answer holds from its request to the end of its body."""
+    """The generator's connections on one event loop: an aiohttp session whose connections are
+    kept alive, one that opens a new connection for each request (for a request sent again,
+    see _send), and one slot per connection that an answer holds from its request to the end
+    of its body."""
 
     session: aiohttp.ClientSession
+    fresh: aiohttp.ClientSession
     slots: asyncio.Semaphore
     loop: asyncio.AbstractEventLoop
+
+    def detach(self) -> None:
+        self.session.detach()
+        self.fresh.detach()
+
+    async def close(self) -> None:
+        await self.session.close()
+        await self.fresh.close()
 
 
 class _Attempt:
@@ -219,7 +226,7 @@ class OpenAIGenerator:
         """Closes the pooled connections; a later generate() opens new ones."""
         pool, self._pool = self._pool, None
         if pool is not None:
-            await pool.session.close()
+            await pool.close()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         model = request.model or self.model
@@ -234,7 +241,7 @@ class OpenAIGenerator:
             # exhausted, failed, aclose()d or cancelled.
             async with contextlib.AsyncExitStack() as exits:
                 await self._take_slot(pool, exits)
-                response = await self._send(pool.session, body, deadline, exits)
+                response = await self._send(pool, body, deadline, exits)
                 if response.status // 100 != 2:
                     await self._raise_for_status(response, answer, deadline)
                 content_type = response.headers.get("content-type", "").lower()
@@ -296,15 +303,22 @@ class OpenAIGenerator:
         if pool is not None:
             # The connections of another event loop (an earlier asyncio.run) can be neither
             # used nor closed from this one; they are dropped, as that loop's other sockets are.
-            pool.session.detach()
-        connector = aiohttp.TCPConnector(
+            pool.detach()
+        kept = aiohttp.TCPConnector(
             # No limit of aiohttp's: the slots (_take_slot) are the pool's size, so that an answer
             # that waits too long for one is told the server is busy, not that the model is.
             limit=0,
             ssl=self._tls,
             keepalive_timeout=self.keepalive_seconds,
         )
-        session = aiohttp.ClientSession(
+        fresh = aiohttp.TCPConnector(limit=0, ssl=self._tls, force_close=True)
+        self._pool = _Pool(
+            self._session(kept), self._session(fresh), asyncio.Semaphore(self.max_connections), loop
+        )
+        return self._pool
+
+    def _session(self, connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
             connector=connector,
             # The connect timeout alone: the response's head is bounded by the deadline (_send),
             # its body by the read timeout and the deadline (_ReadLimit, _read_capped).
@@ -321,8 +335,6 @@ class OpenAIGenerator:
             # Not trust_env: the proxy is read once (environment_proxy).
             trust_env=False,
         )
-        self._pool = _Pool(session, asyncio.Semaphore(self.max_connections), loop)
-        return self._pool
 
     async def _take_slot(self, pool: _Pool, exits: contextlib.AsyncExitStack) -> None:
         """One of the pool's connections for this answer, waiting at most the pool timeout."""
@@ -343,15 +355,10 @@ class OpenAIGenerator:
         exits.callback(slots.release)
 
     async def _send(
-        self,
-        session: aiohttp.ClientSession,
-        body: bytes,
-        deadline: float,
-        exits: contextlib.AsyncExitStack,
+        self, pool: _Pool, body: bytes, deadline: float, exits: contextlib.AsyncExitStack
     ) -> aiohttp.ClientResponse:
-        attempt = 0
+        session = pool.session
         while True:
-            attempt += 1
             trace = _Attempt()
             try:
                 async with asyncio.timeout_at(deadline):
@@ -365,12 +372,17 @@ class OpenAIGenerator:
                     )
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
                 # A kept-alive connection that the server closed just as we reused it (llama-server
-                # closes each one after a stream): nothing was answered, so ask again on a new one.
-                # A new connection (opened, or failing to open) fails for good.
+                # closes each one after a stream, and its FIN can come after the next request):
+                # nothing was answered, so ask again, once, on a new connection. Not on another
+                # pooled one, which may be as stale; and not a third time, since a server that
+                # read the request before it dropped the connection (a prompt that crashed it)
+                # may have acted on it. A new connection (opened, or failing to open) fails for
+                # good.
                 opened = trace.fresh or isinstance(err, aiohttp.ClientConnectorError)
-                if opened or attempt == _MAX_SEND_ATTEMPTS:
+                if opened or session is pool.fresh:
                     raise
-                log.warning("LLM %s: reused connection was closed (%s); retrying", self.url, err)
+                log.info("LLM %s: reused connection was closed (%s); retrying", self.url, err)
+                session = pool.fresh
                 continue
             exits.callback(_finish, response)
             return response

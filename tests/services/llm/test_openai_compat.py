@@ -732,17 +732,39 @@ async def test_a_kept_alive_connection_the_server_closed_is_retried_on_a_new_one
         pieces, _finished = await collect(generator)
         assert pieces == ["ok"]
 
-    # Each answer after the first tried the pooled connection, then a new one.
-    assert len(llm_server.requests) == 5
+    # The second answer tried the first one's connection, then a new one, closed after it;
+    # the third found none kept and opened one.
+    assert len(llm_server.requests) == 4
     assert llm_server.connections == 3
+
+
+async def test_an_answer_gets_through_when_every_kept_connection_was_closed(
+    llm_server: ScriptedServer, make_generator: GeneratorFactory
+) -> None:
+    # After a burst against llama-server every kept connection is closed, and the closes can
+    # reach the client after its next request: that request is sent again on a new
+    # connection, not on another kept one.
+    gen = make_generator()
+    await open_together(llm_server, gen, 3)
+
+    async def script(ex: Exchange) -> None:
+        if ex.nth > 1:
+            ex.writer.close()
+            return
+        await answer_ok(ex)
+
+    llm_server.script = script
+    assert (await collect(gen))[0] == ["ok"]
+    assert len(llm_server.requests) == 3 + 2
+    assert llm_server.connections == 3 + 1
 
 
 async def test_a_request_the_server_keeps_dropping_is_sent_at_most_twice(
     llm_server: ScriptedServer, make_generator: GeneratorFactory
 ) -> None:
     # Three kept-alive connections, then a server that reads each request and drops the
-    # connection (as one does that a prompt crashes): the request is sent again once, on the
-    # next pooled connection, and not a third time.
+    # connection (as one does that a prompt crashes): the request is sent again once, on a
+    # new connection, and not a third time.
     gen = make_generator()
     await open_together(llm_server, gen, 3)
 
@@ -754,6 +776,7 @@ async def test_a_request_the_server_keeps_dropping_is_sent_at_most_twice(
 
     assert err.reason == "LLM_UNAVAILABLE"
     assert len(llm_server.requests) == 3 + 2
+    assert llm_server.connections == 3 + 1
 
 
 async def test_a_cookie_the_upstream_sets_is_not_sent_back(
