@@ -580,12 +580,19 @@ def _unreadable(err: BaseException) -> bool:
 
 
 def _finish(response: aiohttp.ClientResponse) -> None:
-    """Back to the pool if the body was read to its end; otherwise closed, which is also how
-    the upstream learns to stop generating an answer nobody reads."""
+    """Back to the pool if the body was read to its end; otherwise cut, which is also how the
+    upstream learns to stop generating an answer nobody reads.
+
+    Cut (aborted), not closed: over TLS a close says goodbye (close_notify) and, on uvloop,
+    waits up to 30 s for the upstream's; one that streams without reading never answers, and
+    went on generating into the open socket all that while."""
     if response.content.at_eof():
         response.release()
-    else:
-        response.close()
+        return
+    connection = response.connection
+    if connection is not None and connection.transport is not None:
+        connection.transport.abort()
+    response.close()
 
 
 class _Answer:

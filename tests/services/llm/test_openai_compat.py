@@ -7,13 +7,18 @@ import base64
 import importlib.machinery
 import json
 import logging
+import socket
+import ssl
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
+import uvloop
 
 from services.errors import ResourceExhausted, Unavailable
 from services.llm.base import (
@@ -1079,6 +1084,52 @@ async def test_cancelling_the_consuming_task_closes_the_upstream_at_once(
     await asyncio.wait_for(llm_server.disconnected.wait(), 1.0)
     assert await llm_server.wait_idle(1.0), "the server handler is still streaming"
     assert llm_server.events_sent < 1000
+
+
+def test_an_abandoned_answer_over_tls_ends_its_connection_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On uvloop, the server's loop, closing a TLS connection says goodbye (close_notify) and
+    # waits up to 30 s for the peer's. An upstream that streams without reading never answers:
+    # it went on generating, and the socket stayed open, for those 30 s after the answer was
+    # given up. An abandoned connection is cut instead.
+    ca = trustme.CA()
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("127.0.0.1").configure_cert(server_tls)
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    listener = socket.create_server(("127.0.0.1", 0))
+    ended = threading.Event()
+
+    def stream_without_reading() -> None:
+        raw, _ = listener.accept()
+        with server_tls.wrap_socket(raw, server_side=True) as conn:
+            while b"\r\n\r\n" not in conn.recv(65536):  # the request, assumed one read
+                pass
+            conn.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            event = f"data: {json.dumps(chunk('x'))}\n\n".encode()
+            try:
+                while True:
+                    conn.sendall(b"%x\r\n%s\r\n" % (len(event), event))
+                    time.sleep(0.01)
+            except OSError:
+                ended.set()
+
+    threading.Thread(target=stream_without_reading, daemon=True).start()
+    gen = OpenAIGenerator(f"https://127.0.0.1:{listener.getsockname()[1]}", "m")
+
+    async def give_up_after_the_first_piece() -> None:
+        answer = gen.generate(REQUEST)
+        assert isinstance(await anext(answer), TextPiece)
+        await answer.aclose()
+        await gen.aclose()
+
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(give_up_after_the_first_piece())
+            assert ended.wait(5.0), "the upstream still streams into the abandoned connection"
+    finally:
+        listener.close()
 
 
 # --- configuration -----------------------------------------------------------------------
