@@ -296,6 +296,15 @@ async def collect(
     return [e.text for e in events if isinstance(e, TextPiece)], finals[0]
 
 
+async def answer_once_per_connection(ex: Exchange) -> None:
+    """What llama-server does: a connection is closed after its first stream, so a request
+    sent on it again finds it closed."""
+    if ex.nth > 1:
+        ex.writer.close()
+        return
+    await answer_ok(ex)
+
+
 async def open_together(server: ScriptedServer, gen: OpenAIGenerator, count: int) -> None:
     """`count` answers at once, each on a connection of its own that stays pooled: each waits
     for the others, so none frees its connection for another, whatever the scheduling."""
@@ -726,13 +735,7 @@ async def test_nothing_listening_is_unavailable() -> None:
 async def test_a_kept_alive_connection_the_server_closed_is_retried_on_a_new_one(
     llm_server: ScriptedServer, generator: OpenAIGenerator
 ) -> None:
-    async def script(ex: Exchange) -> None:
-        if ex.nth > 1:
-            ex.writer.close()  # what llama-server does to a connection after a stream
-            return
-        await answer_ok(ex)
-
-    llm_server.script = script
+    llm_server.script = answer_once_per_connection
     for _ in range(3):
         pieces, _finished = await collect(generator)
         assert pieces == ["ok"]
@@ -752,13 +755,7 @@ async def test_an_answer_gets_through_when_every_kept_connection_was_closed(
     gen = make_generator()
     await open_together(llm_server, gen, 3)
 
-    async def script(ex: Exchange) -> None:
-        if ex.nth > 1:
-            ex.writer.close()
-            return
-        await answer_ok(ex)
-
-    llm_server.script = script
+    llm_server.script = answer_once_per_connection
     assert (await collect(gen))[0] == ["ok"]
     assert len(llm_server.requests) == 3 + 2
     assert llm_server.connections == 3 + 1
