@@ -101,21 +101,34 @@ _MAX_DEFAULT_CONNECTIONS = 4096
 def environment_proxy(url: str) -> str | None:
     """The proxy HTTP(S)_PROXY and NO_PROXY name for `url` (with any credentials in its URL).
 
-    Read once, as httpx read them when it made its client. aiohttp's trust_env reads them, and
-    ~/.netrc, again for every request, each time in a job on the event loop's default
-    executor, where the server's database reads and questions' embeddings wait their turn:
-    a request to a local server took 0.91 ms p50 that way against 0.27 ms, and 10.7 ms
-    against 0.5 ms behind twelve jobs of 4 ms. And a ~/.netrc entry for the upstream's host
-    made aiohttp refuse any request that carries an API key (ValueError: it will not send
-    both an Authorization header and credentials).
+    Read once, when the generator is made, as httpx read them when it made its client
+    (ALL_PROXY, which httpx also read, is not). aiohttp's trust_env reads them, and ~/.netrc,
+    again for every request, each time in a job on the event loop's default executor, where
+    the server's database reads and questions' embeddings wait their turn: a request to a
+    local server took 0.91 ms p50 that way against 0.27 ms, and 10.7 ms against 0.5 ms behind
+    twelve jobs of 4 ms. And a ~/.netrc entry for the upstream's host made aiohttp refuse any
+    request that carries an API key (ValueError: it will not send both an Authorization
+    header and credentials). A value that is not a proxy URL is a ValueError here.
     """
     target = urllib.parse.urlsplit(url)
     if not target.hostname or urllib.request.proxy_bypass(target.hostname):
         return None
     proxy = urllib.request.getproxies().get(target.scheme)
-    if proxy and "://" not in proxy:
+    if not proxy:
+        return None
+    if "://" not in proxy:
         proxy = f"http://{proxy}"  # "host:port", as curl takes it
-    return proxy or None
+    try:
+        parts = urllib.parse.urlsplit(proxy)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port out of range, a bracket unclosed
+        valid = False
+    if not valid:
+        # At start, and without the value: it may carry the proxy's password. Left to the
+        # first request, every answer failed with the URL in the log.
+        name = f"{target.scheme.upper()}_PROXY"
+        raise ValueError(f"{name} (or {name.lower()}) is not a proxy URL such as http://host:port")
+    return proxy
 
 
 def default_max_connections() -> int:
@@ -158,7 +171,9 @@ class _Attempt:
 
 
 async def _connection_opened(
-    session: aiohttp.ClientSession, context: Any, params: aiohttp.TraceConnectionCreateEndParams
+    session: aiohttp.ClientSession,
+    context: Any,
+    params: aiohttp.TraceConnectionCreateStartParams,
 ) -> None:
     attempt = context.trace_request_ctx
     if isinstance(attempt, _Attempt):
@@ -168,7 +183,8 @@ async def _connection_opened(
 class OpenAIGenerator:
     """Streams an answer from a `/v1/chat/completions` server (vLLM, Ollama, llama.cpp, OpenAI).
 
-    Timeouts: `connect_timeout` for the TCP/TLS connection; `read_timeout` for each gap between
+    Timeouts: `connect_timeout` for making a connection (the name's lookup, every address
+    tried, a proxy's CONNECT, TCP and TLS); `read_timeout` for each gap between
     chunks once the first token has arrived (before it only the deadline applies, as a long
     prompt can take a while to process); `timeout_seconds` for the whole answer.
 
@@ -219,7 +235,9 @@ class OpenAIGenerator:
         self._tls = httpx.create_ssl_context()
         self._proxy = environment_proxy(self.url)
         self._trace = aiohttp.TraceConfig()
-        self._trace.on_connection_create_end.append(_connection_opened)
+        # From the start of the connection's making: one that failed while being made (a
+        # proxy that dropped the CONNECT) is as new as one that was made.
+        self._trace.on_connection_create_start.append(_connection_opened)
         self._pool: _Pool | None = None
 
     async def aclose(self) -> None:
@@ -236,7 +254,7 @@ class OpenAIGenerator:
         answer = _Answer(model)
         body = orjson.dumps(_payload(request, model))
         try:
-            # The exit stack gives back the connection's slot, and closes the response (and so
+            # The exit stack gives back the connection's slot, and closes the response (and cuts
             # the connection, unless its body was read to the end) however this generator ends:
             # exhausted, failed, aclose()d or cancelled.
             async with contextlib.AsyncExitStack() as exits:
@@ -379,8 +397,8 @@ class OpenAIGenerator:
                 # may have acted on it. A new connection (opened, or failing to open) fails for
                 # good.
                 opened = trace.fresh or isinstance(err, aiohttp.ClientConnectorError)
-                if opened or session is pool.fresh:
-                    raise
+                if opened or session is pool.fresh or pool.session.closed:
+                    raise  # (closed: aclose() ended the pool under this request)
                 log.info("LLM %s: reused connection was closed (%s); retrying", self.url, err)
                 session = pool.fresh
                 continue
@@ -580,12 +598,14 @@ def _unreadable(err: BaseException) -> bool:
 
 
 def _finish(response: aiohttp.ClientResponse) -> None:
-    """Back to the pool if the body was read to its end; otherwise cut, which is also how the
-    upstream learns to stop generating an answer nobody reads.
+    """Released if the body was read to its end (back to the kept pool; the retry's session
+    closes it); otherwise cut, which is also how the upstream learns to stop generating an
+    answer nobody reads.
 
-    Cut (aborted), not closed: over TLS a close says goodbye (close_notify) and, on uvloop,
-    waits up to 30 s for the upstream's; one that streams without reading never answers, and
-    went on generating into the open socket all that while."""
+    Cut (aborted), not closed: over TLS a close says goodbye (close_notify) and waits for the
+    upstream's, up to 30 s on uvloop; one that streams without reading never answers, and went
+    on generating into the open socket all that while. An answer given up before the response's
+    head arrived is closed by aiohttp itself, politely: this does not reach it."""
     if response.content.at_eof():
         response.release()
         return

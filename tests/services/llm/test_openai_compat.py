@@ -183,6 +183,14 @@ class ScriptedServer:
         return exchange.keep_alive and not exchange.client_gone()
 
 
+@pytest.fixture(autouse=True)
+def no_proxy_from_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scripted upstreams are asked directly, whatever proxy the machine names."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+
+
 @pytest.fixture
 async def llm_server() -> AsyncIterator[ScriptedServer]:
     server = ScriptedServer()
@@ -832,10 +840,7 @@ async def test_an_answer_goes_through_the_proxy_the_environment_names(
     # The scripted server stands in for the proxy, which is asked for the whole URL. The API
     # key is the upstream's: aiohttp sends a session's Authorization to a proxy named per
     # request as Proxy-Authorization.
-    for name in ("HTTP_PROXY", "http_proxy"):  # the lower-case name wins where both are set
-        monkeypatch.setenv(name, f"http://{credentials}127.0.0.1:{llm_server.port}")
-    for name in ("NO_PROXY", "no_proxy"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://{credentials}127.0.0.1:{llm_server.port}")
     llm_server.script = answer_ok
     gen = make_generator(base_url="http://llm.invalid:8080/v1")
 
@@ -849,15 +854,25 @@ async def test_an_answer_goes_through_the_proxy_the_environment_names(
 async def test_a_host_the_environment_exempts_is_asked_directly(
     llm_server: ScriptedServer, make_generator: GeneratorFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("HTTP_PROXY", "http_proxy"):
-        monkeypatch.setenv(name, "http://127.0.0.1:1")  # nothing listens there
-    for name in ("NO_PROXY", "no_proxy"):
-        monkeypatch.setenv(name, "localhost,127.0.0.1")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:1")  # nothing listens there
+    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
     llm_server.script = answer_ok
     gen = make_generator()
 
     assert (await collect(gen))[0] == ["ok"]
     assert llm_server.requests[0].path == "/v1/chat/completions"
+
+
+@pytest.mark.parametrize("proxy", ["http://user:s3cret@proxy:99999", "http://user:s3cret@[::1"])
+def test_a_proxy_that_is_not_a_url_stops_the_generator_being_made(
+    monkeypatch: pytest.MonkeyPatch, proxy: str
+) -> None:
+    # Not at the first request, where every answer failed with the URL, password and all, in
+    # the log.
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    with pytest.raises(ValueError, match="HTTP_PROXY") as info:
+        OpenAIGenerator("http://llm.invalid:8080/v1", "m")
+    assert "s3cret" not in str(info.value)
 
 
 async def test_a_netrc_entry_for_the_upstream_does_not_stop_a_keyed_request(
@@ -1099,18 +1114,22 @@ def test_an_abandoned_answer_over_tls_ends_its_connection_at_once(
     ended = threading.Event()
 
     def stream_without_reading() -> None:
-        raw, _ = listener.accept()
-        with server_tls.wrap_socket(raw, server_side=True) as conn:
-            while b"\r\n\r\n" not in conn.recv(65536):  # the request, assumed one read
-                pass
-            conn.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
-            event = f"data: {json.dumps(chunk('x'))}\n\n".encode()
-            try:
+        try:
+            raw, _ = listener.accept()
+            with server_tls.wrap_socket(raw, server_side=True) as conn:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    read = conn.recv(65536)
+                    if not read:
+                        return  # the client left before asking
+                    request += read
+                conn.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                event = f"data: {json.dumps(chunk('x'))}\n\n".encode()
                 while True:
                     conn.sendall(b"%x\r\n%s\r\n" % (len(event), event))
                     time.sleep(0.01)
-            except OSError:
-                ended.set()
+        except OSError:
+            ended.set()  # the connection was cut (or the listener closed: the test has failed)
 
     threading.Thread(target=stream_without_reading, daemon=True).start()
     gen = OpenAIGenerator(f"https://127.0.0.1:{listener.getsockname()[1]}", "m")
