@@ -278,19 +278,17 @@ class OpenAIGenerator:
                     # arrived, under load many events, and one message each would cost the
                     # relay more than the text is worth. Nothing waits for a later read, so no
                     # text is held back.
-                    while (
-                        chunk := await self._next_chunk(chunks, answer, deadline, reads)
-                    ) is not None:
-                        text, failed = _joined_text(answer, decoder.feed(chunk))
+                    # At the end of the body, the decoder gives up what it still holds.
+                    done = False
+                    while not done:
+                        chunk = await self._next_chunk(chunks, answer, deadline, reads)
+                        done = chunk is None
+                        events = decoder.close() if chunk is None else decoder.feed(chunk)
+                        text, failed = _joined_text(answer, events)
                         if text:
                             yield TextPiece(text)
                         if failed is not None:
                             raise failed
-                    text, failed = _joined_text(answer, decoder.close())
-                    if text:
-                        yield TextPiece(text)
-                    if failed is not None:
-                        raise failed
             yield answer.finished(request)
         except (Unavailable, aiohttp.ClientError, TimeoutError) as err:
             failure = err if isinstance(err, Unavailable) else self._translate(err, answer)
