@@ -75,6 +75,12 @@ class Settings(BaseSettings):
     # between deltas closer to a bare gRPC server's in every round measured, and was level
     # elsewhere (docs/performance.md, "Event loop").
     event_loop: Literal["asyncio", "uvloop"] = "uvloop"
+    # How long a thread may hold Python's interpreter lock while another waits for it
+    # (sys.setswitchinterval; Python's default is 5 ms). The event loop gives the lock up at
+    # every turn, and getting it back waits out whatever thread took it meanwhile: a shorter
+    # interval shortens the loop's waits behind the database and model threads
+    # (docs/performance.md, "Switch interval").
+    thread_switch_interval_ms: float = Field(default=1.0, gt=0, le=100)
     http_port: int = Field(default=8080, ge=0, le=65535)
     public_base_url: str | None = None
     state_dir: Path = Path("state")

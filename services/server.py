@@ -7,6 +7,7 @@ import gc
 import logging
 import resource
 import signal
+import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -302,7 +303,8 @@ def main(settings: Settings) -> None:
 
 def run_on_configured_loop(settings: Settings, work: Coroutine[Any, Any, None]) -> None:
     """Runs work to its end on the event loop the settings name (`footnote serve` and
-    `footnote dev` alike)."""
+    `footnote dev` alike), with their thread switch interval."""
+    sys.setswitchinterval(settings.thread_switch_interval_ms / 1000)
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
         runner.run(work)
 

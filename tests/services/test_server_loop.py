@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import time
 
 import grpc
@@ -13,7 +14,7 @@ from pydantic import ValidationError
 from services.chat.pipeline import ChatEngine
 from services.config import Settings
 from services.retrieval import search as searching
-from services.server import loop_factory, serve, server_options
+from services.server import loop_factory, run_on_configured_loop, serve, server_options
 
 METHOD = "/test.Blocking/Call"
 
@@ -86,6 +87,31 @@ def test_the_server_runs_on_uvloop_unless_told_asyncio(monkeypatch: pytest.Monke
 def test_an_unknown_event_loop_is_refused() -> None:
     with pytest.raises(ValidationError, match="event_loop"):
         Settings(event_loop="trio")
+
+
+def test_the_server_runs_with_a_thread_switch_interval_of_1_ms_unless_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("FOOTNOTE_THREAD_SWITCH_INTERVAL_MS", raising=False)
+    seen: list[float] = []
+
+    async def note_the_interval() -> None:
+        seen.append(sys.getswitchinterval())
+
+    before = sys.getswitchinterval()
+    try:
+        run_on_configured_loop(Settings(event_loop="asyncio"), note_the_interval())
+        told = Settings(event_loop="asyncio", thread_switch_interval_ms=2.5)
+        run_on_configured_loop(told, note_the_interval())
+    finally:
+        sys.setswitchinterval(before)
+    assert seen == [pytest.approx(0.001), pytest.approx(0.0025)]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1000])
+def test_a_switch_interval_out_of_range_is_refused(bad: float) -> None:
+    with pytest.raises(ValidationError, match="thread_switch_interval_ms"):
+        Settings(thread_switch_interval_ms=bad)
 
 
 async def test_a_started_server_freezes_its_startup_objects_and_takes_its_search_settings(
