@@ -162,7 +162,8 @@ class _Pool:
 
 
 class _Attempt:
-    """What one request attempt learnt from aiohttp's trace: whether it opened a connection."""
+    """What one request attempt learnt from aiohttp's trace: whether it began making a new
+    connection (and so did not reuse a kept one)."""
 
     __slots__ = ("fresh",)
 
@@ -170,7 +171,7 @@ class _Attempt:
         self.fresh = False
 
 
-async def _connection_opened(
+async def _connection_begun(
     session: aiohttp.ClientSession,
     context: Any,
     params: aiohttp.TraceConnectionCreateStartParams,
@@ -237,7 +238,7 @@ class OpenAIGenerator:
         self._trace = aiohttp.TraceConfig()
         # From the start of the connection's making: one that failed while being made (a
         # proxy that dropped the CONNECT) is as new as one that was made.
-        self._trace.on_connection_create_start.append(_connection_opened)
+        self._trace.on_connection_create_start.append(_connection_begun)
         self._pool: _Pool | None = None
 
     async def aclose(self) -> None:
