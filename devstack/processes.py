@@ -10,13 +10,16 @@ How children are kept from outliving us:
 - On Linux each child is started with ``prctl(PR_SET_PDEATHSIG)``, so if the supervisor dies
   hard (SIGKILL, OOM) the kernel signals the child. The flag belongs to the forking *thread*,
   so children are forked from one thread that lives as long as the process.
-- gRPC's fork handlers are turned off in the processes that fork children (this module sets
-  GRPC_ENABLE_FORK_SUPPORT=false unless it is set). The prctl above needs a fork that runs
+- gRPC's fork handlers are turned off in the processes that fork children
+  (GRPC_ENABLE_FORK_SUPPORT=false unless it is set). The prctl above needs a fork that runs
   Python code before exec, and with gRPC calls in flight on other threads (a test run, the
   dev supervisor's health checks) gRPC's handler in the child sometimes aborted it before
   exec: 2 of 200 children forked beside a busy channel, and Postgres "exited with code -6
   while starting" once in a test run (grpc/grpc#43055). Children only exec, so they need no
-  gRPC state; turned off, 0 of 800.
+  gRPC state; turned off, 0 of 800. gRPC reads the setting once, as it is imported, so it
+  is set where those processes start, before anything imports gRPC: the `footnote` command
+  (footnote/cli/__init__.py) and the tests (tests/conftest.py). This module sets it too, for
+  a program that imports it before gRPC; after gRPC, it is too late.
 """
 
 from __future__ import annotations
@@ -44,8 +47,7 @@ from devstack.errors import StackError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Read by gRPC when it starts its core, so before this process opens its first channel or
-# server (every process that forks children imports this module first); see the docstring.
+# Read by gRPC as it is imported: too late here if it already was (see the docstring).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
+
+# Before gRPC is imported, which reads this once: the stack's children are forked beside the
+# tests' gRPC calls (devstack/processes.py).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import contextlib
 import shutil
 import signal
 import subprocess

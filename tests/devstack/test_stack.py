@@ -239,3 +239,63 @@ def test_processes_that_fork_children_turn_grpc_fork_handlers_off() -> None:
 
     assert setting() == "false"
     assert setting(GRPC_ENABLE_FORK_SUPPORT="true") == "true"
+
+
+# Children forked, with Python code run before exec as the stack's are, while another thread
+# is in a gRPC call; prints how many died before exec. gRPC's fork handlers, when on, log from
+# fork_posix.cc at every fork (and sometimes abort the child: SIGABRT, -6).
+FORK_BESIDE_A_CALL = """
+import socket, subprocess, threading, time, grpc
+silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers: the call waits
+channel = grpc.insecure_channel(f"127.0.0.1:{silent.getsockname()[1]}")
+ask = channel.unary_unary("/footnote.test.Nothing/Call")
+
+def call():
+    try:
+        ask(b"", timeout=2, wait_for_ready=True)
+    except grpc.RpcError:
+        pass
+
+caller = threading.Thread(target=call)
+caller.start()
+time.sleep(0.3)
+try:
+    runs = [subprocess.run(["true"], preexec_fn=lambda: None) for _ in range(20)]
+finally:
+    caller.join()
+    channel.close()
+    silent.close()
+print(sum(run.returncode != 0 for run in runs))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gRPC's fork handlers are POSIX")
+@pytest.mark.parametrize(
+    ("first", "handlers_on"),
+    [("import footnote.cli", False), ("import grpc, devstack.processes", True)],
+    ids=["the footnote command", "devstack imported after grpc"],
+)
+def test_grpc_fork_handlers_are_off_before_grpc_is_imported(first: str, handlers_on: bool) -> None:
+    # gRPC reads GRPC_ENABLE_FORK_SUPPORT once, as it is imported: set any later (the second
+    # case) it leaves the handlers on, which is why the command sets it first.
+    clean = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    out = subprocess.run(
+        [sys.executable, "-c", f"{first}\n{FORK_BESIDE_A_CALL}"],
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert ("fork_posix" in out.stderr) is handlers_on, out.stderr[-2000:]
+    if not handlers_on:
+        assert out.stdout.strip() == "0"  # no child aborted before exec
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gRPC's fork handlers are POSIX")
+def test_the_test_process_forks_with_grpc_fork_handlers_off(capfd) -> None:
+    capfd.readouterr()
+    exec(FORK_BESIDE_A_CALL, {})
+    out, err = capfd.readouterr()
+    assert "fork_posix" not in err
+    assert out.strip() == "0"  # no child aborted before exec
