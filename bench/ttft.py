@@ -10,6 +10,9 @@
 The baseline is the scripted upstream's own first token, asked directly over HTTP; the
 figure is the first delta of StreamComplete (retrieval on, citations on) through a Footnote
 server on the corpus of bench/corpus.py. Requests alternate between the two, one at a time.
+Each is a plain request, as most calls are; with --idempotent each carries a request_id (its
+idempotency key), and the server then reads the assistant with the answer that key may have
+stored, as a retry needs, instead of taking the settings it remembers (services/chat/early.py).
 With --compare REV a second server runs the code at REV beside this tree's, and each
 question goes to both in turn: the load that other work puts on the machine then falls on
 both alike, which separate runs (tens of ms apart on a shared machine) cannot promise.
@@ -20,22 +23,23 @@ they cost it time on the way to the first delta.
 Two breakdowns follow. "In the server" comes from the server's own spans, sent over OTLP to
 this process and read after the server has stopped (nothing is exported while it answers):
 arrival (the call until the server's span starts), retrieval (from there until the chunks
-are ready: the embedding, the search, and the assistant's read beside them, whose own
-durations are shown too, with when the embedding began and the search's vector and full-text
+are ready: the embedding, the search, and the assistant's read beside them when the server
+reads it (not once the full-text query has found its row unchanged), whose own durations
+are shown too, with when the embedding began and the search's vector and full-text
 queries, each from its start to its rows in Python), prompt (chunks to the model being
 asked: sources, excerpts, the numbered context), model (asked until its first text, over
 HTTP; the upstream's own first token, measured right before by this process, is the
 baseline) and relay (the model's first text until the first delta is handed to gRPC), then
 to the client.
 
-"Alone in this process" times each step by itself on the same database, after the server
-has stopped: auth (an uncached key lookup; the server keeps a found key for 30 s), assistant
-(the transaction that loads it and looks for a replayed answer), embedding (the question),
-search (hybrid with the vector ready: vector and full-text queries on two connections, and
-each of them alone), prompt (sources and numbered context). "start" is the assistant, the
-embedding and the search started together the way the server starts them (the search after
-the embedding), then the prompt; it runs first for each question, so no step before it has
-just run the same queries.
+"Alone in this process" times each step by itself on the same database, after the server has
+stopped: auth (an uncached key lookup; the server keeps a found key for 30 s), assistant (the
+transaction that loads it and looks for a replayed answer), embedding (the question), search
+(hybrid with the vector ready: vector and full-text queries on two connections, and each of
+them alone), prompt (sources and numbered context). "start" is the embedding and the search
+started together the way the server starts them (the search after the embedding; the assistant
+is not read, as when the server remembers it unchanged), then the prompt; it runs first for
+each question, so no step before it has just run the same queries.
 """
 
 from __future__ import annotations
@@ -215,7 +219,7 @@ async def breakdown(c: corpus.Corpus, key: str, questions: list[str]) -> None:
         return settings
 
     async def hybrid(q, vector, top_k):
-        return await search(
+        found = await search(
             db,
             tenant_id=c.tenant_id,
             assistant_id=c.assistant_id,
@@ -223,6 +227,7 @@ async def breakdown(c: corpus.Corpus, key: str, questions: list[str]) -> None:
             query_vector=vector,
             top_k=top_k,
         )
+        return found.chunks
 
     def prompt(hits):
         # As the server builds it before asking the model: the excerpts wait for the citations.
@@ -236,8 +241,8 @@ async def breakdown(c: corpus.Corpus, key: str, questions: list[str]) -> None:
             # First, so that no step before it has just run this question's queries.
             s0 = time.perf_counter()
             embedding = asyncio.ensure_future(batcher.embed_query(q))
-            _, hits = await asyncio.gather(db.run(load), hybrid(q, embedding, settings.top_k))
-            prompt(hits)
+            # The assistant is not read: its row is found unchanged by the full-text query.
+            prompt(await hybrid(q, embedding, settings.top_k))
             start = time.perf_counter() - s0
             t0 = time.perf_counter()
             await db.run(lambda s: auth.lookup_key(s, key))
@@ -304,6 +309,12 @@ async def main() -> None:
         action="store_true",
         help="also run this tree's server without an exporter (as deployed unless one is"
         " configured), asked in turn with the traced one",
+    )
+    parser.add_argument(
+        "--idempotent",
+        action="store_true",
+        help="send each request with a request_id (the idempotency key), whose stored answer"
+        " the server then looks for, reading the assistant with it",
     )
     parser.add_argument(
         "--first-delay-ms",
@@ -378,7 +389,7 @@ async def main() -> None:
                         request = pb.CompleteRequest(
                             assistant_id=c.assistant_id,
                             messages=[pb.ChatMessage(role=pb.ROLE_USER, content=q)],
-                            request_id=rid,
+                            request_id=rid if args.idempotent else "",
                         )
                         metadata = (("authorization", f"Bearer {key}"), ("x-request-id", rid))
                         f, called, arrived = await footnote_first_delta(stub, request, metadata)

@@ -213,19 +213,34 @@ def get_assistant(s: Session, tenant_id: str, assistant_id: str) -> AssistantRec
     return to_record(find_row(s, tenant_id, assistant_id))
 
 
+# The version of an assistant's row: the id of the transaction that wrote it (Postgres's xmin),
+# which every UPDATE of the row changes, whatever wrote it, and nothing else does (VACUUM's
+# freezing keeps it). An answer compares it to the version its remembered settings were read
+# at (chat.early), as a column of a statement it runs anyway. Transaction ids wrap around after
+# 2^32; the same id would have to come back to the same row, with the process remembering the
+# old settings all along, to go unseen.
+ROW_VERSION = "xmin::text::bigint"
+
 # What an answer reads of its assistant, without the ORM (see session.fetch).
 SETTINGS_SQL = text(
-    f"SELECT {', '.join(sorted(SETTING_NAMES))} FROM assistants"
+    f"SELECT {', '.join(sorted(SETTING_NAMES))}, {ROW_VERSION} AS version FROM assistants"
     " WHERE id = :id AND tenant_id = :tenant"
 )
 
 
-def get_settings(s: Reader, tenant_id: str, assistant_id: str) -> AssistantSettings:
-    """The tenant's assistant's settings; NOT_FOUND exactly as get_assistant."""
+@dataclass(frozen=True)
+class VersionedSettings:
+    settings: AssistantSettings
+    version: int  # of the row they were read from (ROW_VERSION)
+
+
+def get_settings(s: Reader, tenant_id: str, assistant_id: str) -> VersionedSettings:
+    """The tenant's assistant's settings and their row's version; NOT_FOUND exactly as
+    get_assistant."""
     rows = fetch(s, SETTINGS_SQL, {"id": parse_id(assistant_id), "tenant": tenant_id})
     if not rows:
         raise NotFound("assistant", assistant_id)
-    return settings_of(rows[0])
+    return VersionedSettings(settings_of(rows[0]), int(rows[0].version))
 
 
 def list_assistants(

@@ -3,14 +3,23 @@
 The question's embedding needs nothing from the assistant, so it always starts at once. The
 search needs the assistant's settings (whether it retrieves, top_k, the score threshold): it
 starts at once too when the settings seen in this process's last answer for that assistant
-say how, and its result is used only if the settings loaded for this answer say the same.
-Otherwise it is cancelled and the search runs again on the loaded settings. The remembered
-settings choose what to start early, never what an answer is built from; the search filters
-by tenant and assistant as always, so an early search for an assistant that is not the
-caller's finds nothing and is thrown away with the request's NOT_FOUND. With a search under
-way, the assistant is read only once the question is embedded (`EarlyRetrieval.embedded`,
-waiting at most READ_WAIT_SECONDS): on two cores the read beside the model run slowed the
-run, the first delta's critical path.
+say how. The search's full-text statement also reads the version of the assistant's row
+(domain.ROW_VERSION). When it is the version the remembered settings were read at, the answer
+is built from them and the assistant is not read at all: at concurrency 16 that read was a
+twentieth of the requests a server could answer. Otherwise (the row changed or is gone, or the
+search failed) the assistant is read after the search, and the search's chunks are used only
+if the settings read say the same; if not, the search runs again on them. So an answer's
+settings are the assistant's as committed when its full-text statement ran or later, a few
+milliseconds after the call arrived, never older. The search filters by tenant and assistant
+as always, so an early search for an assistant that is not the caller's finds nothing and is
+thrown away with the request's NOT_FOUND; that NOT_FOUND comes once the question is embedded
+and searched, so after an embedding service's timeout when one does not answer.
+
+An answer that must read more than the settings (its request_id's stored answer, its
+conversation's earlier turns) reads them as before, with its assistant: with a search under
+way, once the question is embedded (`EarlyRetrieval.embedded`, waiting at most
+READ_WAIT_SECONDS), since on two cores the read beside the model run slowed the run, the first
+delta's critical path, and a replayed answer needs no vector.
 """
 
 from __future__ import annotations
@@ -19,12 +28,11 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
-from services.assistants.domain import AssistantSettings
+from services.assistants.domain import AssistantSettings, VersionedSettings
 from services.chat.gate import needs_retrieval
+from services.retrieval.search import Found
 
-T = TypeVar("T")
 MAX_REMEMBERED = 10_000
 # How long the assistant's read waits for the question's vector. The local model takes a few
 # ms; a remote embedding service takes longer but leaves the CPU to the read, and one that is
@@ -50,21 +58,24 @@ def plan_for(settings: AssistantSettings, question: str) -> SearchPlan | None:
 
 
 class EarlyRetrieval:
-    """One request's early work: the question's vector and maybe its search."""
+    """One request's early work: the question's vector and maybe its search, and the settings
+    that search was started on."""
 
     def __init__(
         self,
         vector: asyncio.Future[Sequence[float]] | None,
         plan: SearchPlan | None,
-        search: asyncio.Future[T] | None,
+        search: asyncio.Future[Found] | None,
+        known: VersionedSettings | None = None,
     ) -> None:
         self.vector = vector
         self.plan = plan
         self.search = search
+        self.known = known
         # When the work started: retrieval's duration counts from here when it is used.
         self.began = time.perf_counter()
 
-    def searched_with(self, plan: SearchPlan) -> asyncio.Future | None:
+    def searched_with(self, plan: SearchPlan) -> asyncio.Future[Found] | None:
         """The early search if it ran on this plan; None when it must run again."""
         if self.search is not None and self.plan == plan:
             return self.search
@@ -79,6 +90,19 @@ class EarlyRetrieval:
         awaits the vector meets its failure."""
         if self.search is not None and self.vector is not None:
             await asyncio.wait({self.vector}, timeout=READ_WAIT_SECONDS)
+
+    async def unchanged_settings(self) -> AssistantSettings | None:
+        """The settings the early search started on, once it has found the assistant's row at
+        the version they were read at; None when it did not (or none started, or it failed).
+        Never raises: whoever awaits the search meets its failure."""
+        if self.search is None or self.known is None:
+            return None
+        await asyncio.wait({self.search})
+        if self.search.cancelled() or self.search.exception() is not None:
+            return None
+        if self.search.result().assistant_version != self.known.version:
+            return None
+        return self.known.settings
 
     def cancel(self) -> None:
         for task in (self.vector, self.search):
@@ -100,9 +124,9 @@ class EarlyStarter:
 
     def __init__(self, max_remembered: int = MAX_REMEMBERED) -> None:
         self.max_remembered = max_remembered
-        self._settings: dict[tuple[str, str], AssistantSettings] = {}
+        self._settings: dict[tuple[str, str], VersionedSettings] = {}
 
-    def remember(self, tenant_id: str, assistant_id: str, settings: AssistantSettings) -> None:
+    def remember(self, tenant_id: str, assistant_id: str, settings: VersionedSettings) -> None:
         if len(self._settings) >= self.max_remembered:
             self._settings.clear()
         self._settings[(tenant_id, assistant_id)] = settings
@@ -113,10 +137,10 @@ class EarlyStarter:
         assistant_id: str,
         question: str,
         embed: Callable[[str], Awaitable[Sequence[float]]],
-        search: Callable[[SearchPlan, Awaitable[Sequence[float]]], Awaitable[T]],
+        search: Callable[[SearchPlan, Awaitable[Sequence[float]]], Awaitable[Found]],
     ) -> EarlyRetrieval:
         known = self._settings.get((tenant_id, assistant_id))
-        plan = plan_for(known, question) if known is not None else None
+        plan = plan_for(known.settings, question) if known is not None else None
         if known is not None and plan is None:
             # It did not retrieve last time: nothing is started on a guess.
             return EarlyRetrieval(None, None, None)
@@ -129,7 +153,7 @@ class EarlyStarter:
         shielded = asyncio.shield(vector)
         shielded.add_done_callback(_read_outcome)
         early = asyncio.ensure_future(search(plan, shielded))
-        return EarlyRetrieval(vector, plan, early)
+        return EarlyRetrieval(vector, plan, early, known)
 
 
 def _read_outcome(future: asyncio.Future) -> None:

@@ -27,6 +27,7 @@ from psycopg.adapt import Dumper
 from psycopg.pq import Format
 from sqlalchemy import Row, text
 
+from services.assistants.domain import ROW_VERSION
 from services.citations import RetrievedChunk, ScoreKind, SourceLocation, join_heading
 from services.db.session import Database, Reader, connection_of, fetch
 from services.observability.tracing import traced
@@ -266,7 +267,9 @@ TEXT_MATCHES = f"""
 # against 5.5 with 1,200 documents, 6.0 against 5.6 with 49,200; the same rows every time. The
 # first row always comes (a row of nulls when no match is servable) and says, in `more`,
 # whether matches past the leading ones were ranked: text_candidates then knows when
-# TEXT_FALLBACK_SQL is needed.
+# TEXT_FALLBACK_SQL is needed. It also carries the version of the assistant's row
+# (`assistant_version`, null when there is none), for an answer to tell whether the settings it
+# remembers are still the assistant's without reading them (chat.early).
 TEXT_SQL = text(
     f"""
     {TEXT_MATCHES}, front AS MATERIALIZED (
@@ -280,8 +283,12 @@ TEXT_SQL = text(
       FROM front m JOIN servable d ON d.id = m.document_id
       ORDER BY m.rank DESC, m.chunk_index, m.start_offset, d.display_name, d.sha256 LIMIT :limit
     )
-    SELECT {CANDIDATE_COLUMNS}, k.rank, f.more
-    FROM (SELECT (SELECT count(*) FROM matches) > (SELECT count(*) FROM front) AS more) f
+    SELECT {CANDIDATE_COLUMNS}, k.rank, f.more, f.assistant_version
+    FROM (
+      SELECT (SELECT count(*) FROM matches) > (SELECT count(*) FROM front) AS more,
+             (SELECT a.{ROW_VERSION} FROM assistants a
+              WHERE a.id = :assistant AND a.tenant_id = :tenant) AS assistant_version
+    ) f
     LEFT JOIN (best k JOIN chunks c ON c.id = k.id JOIN documents d ON d.id = c.document_id)
       ON true
     ORDER BY k.rank DESC, k.chunk_index, k.start_offset, k.display_name, k.sha256
@@ -512,13 +519,28 @@ def planned_once(size: AssistantSize) -> bool:
     return size.chunks <= EXACT_MAX_CHUNKS
 
 
+@dataclass(frozen=True)
+class TextCandidates:
+    rows: list[Row[Any]]
+    # The version of the assistant's row (ROW_VERSION) in the statement's snapshot; None when
+    # the row was not there or no statement ran.
+    assistant_version: int | None
+
+
 def text_candidates(
     s: Reader, tenant_id: str, assistant_id: str, query: str, limit: int
 ) -> list[Row[Any]]:
     """The chunks that share the question's rarest terms, best first (ranked by those terms
     and by all the question's terms)."""
+    return text_search(s, tenant_id, assistant_id, query, limit).rows
+
+
+def text_search(
+    s: Reader, tenant_id: str, assistant_id: str, query: str, limit: int
+) -> TextCandidates:
+    """text_candidates, with the version of the assistant's row that the search saw."""
     if not query.strip():
-        return []
+        return TextCandidates([], None)
     size = assistant_size(s, tenant_id, assistant_id)
     params = {
         **term_choice(s, tenant_id, assistant_id, query, size.chunks),
@@ -531,12 +553,12 @@ def text_candidates(
     }
     prepare = planned_once(size)
     rows = fetch(s, TEXT_SQL, params, prepare=prepare)
-    more = rows[0].more
+    more, version = rows[0].more, rows[0].assistant_version
     if rows[0].id is None:  # no leading match is servable
         rows = []
     if len(rows) < limit and more:
         rows = fetch(s, TEXT_FALLBACK_SQL, params, prepare=prepare)
-    return rows
+    return TextCandidates(rows, None if version is None else int(version))
 
 
 def term_choice(
@@ -687,6 +709,15 @@ def hybrid_search(
     return rank(vector_rows, text_rows, top_k, score_threshold)
 
 
+@dataclass(frozen=True)
+class Found:
+    """What `search` found: the chunks, and the version of the assistant's row that its
+    full-text statement saw (TextCandidates.assistant_version)."""
+
+    chunks: list[RetrievedChunk]
+    assistant_version: int | None
+
+
 async def search(
     db: Database,
     *,
@@ -696,7 +727,7 @@ async def search(
     query_vector: Awaitable[Sequence[float]],
     top_k: int,
     score_threshold: float = 0.0,
-) -> list[RetrievedChunk]:
+) -> Found:
     """hybrid_search with its two queries running at once on two connections.
 
     Each runs outside a transaction (`Database.autocommit`): they only read, and BEGIN and COMMIT
@@ -720,16 +751,17 @@ async def search(
     # late. Handed over first, it made the hybrid search faster by 0.15 and 0.29 ms at 100k
     # chunks (paired medians of two runs of 600 questions; p95 -0.2 and -0.8 ms) and by
     # 0.32 ms at 1M clustered chunks, where the vector search through HNSW is the longer.
-    text_rows, vector_rows = await asyncio.gather(
+    lexical, vector_rows = await asyncio.gather(
         traced(
             "retrieval.text",
             db.run_autocommit(
-                lambda conn: text_candidates(conn, tenant_id, assistant_id, query, limit)
+                lambda conn: text_search(conn, tenant_id, assistant_id, query, limit)
             ),
         ),
         nearest(),
     )
-    return rank(vector_rows, text_rows, top_k, score_threshold)
+    chunks = rank(vector_rows, lexical.rows, top_k, score_threshold)
+    return Found(chunks, lexical.assistant_version)
 
 
 def to_retrieved(r: Row[Any], score: float) -> RetrievedChunk:

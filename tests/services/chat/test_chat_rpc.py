@@ -185,6 +185,27 @@ async def test_changed_settings_win_over_the_search_started_early(chat, channel,
     await update("enable_rag", enable_rag=True)
     on = await chat.Complete(ask(assistant), metadata=bearer(api_key))
     assert on.retrieval.chunks_returned == 1 and "25 days" in on.message.content
+    # A change the search does not depend on: the early search is used, but not the settings
+    # this process remembers, since the search saw the assistant's row change.
+    await update("enable_citations", enable_citations=False)
+    uncited = await chat.Complete(ask(assistant), metadata=bearer(api_key))
+    assert uncited.retrieval.chunks_returned == 1 and not uncited.HasField("citations")
+    await update("enable_citations", enable_citations=True)
+    cited = await chat.Complete(ask(assistant), metadata=bearer(api_key))
+    assert cited.HasField("citations")
+
+
+async def test_a_deleted_assistant_is_not_found_though_its_settings_are_remembered(
+    chat, channel, api_key
+):
+    assistant = await make_assistant(channel, api_key)
+    await chat.Complete(ask(assistant), metadata=bearer(api_key))
+    await apb_grpc.AssistantsServiceStub(channel).DeleteAssistant(
+        apb.DeleteAssistantRequest(id=assistant), metadata=bearer(api_key)
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await chat.Complete(ask(assistant), metadata=bearer(api_key))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_greeting_skips_retrieval(chat, api_key, corpus):

@@ -11,6 +11,7 @@ from footnote.v1 import assistants_service_pb2 as apb
 from footnote.v1 import assistants_service_pb2_grpc as apb_grpc
 from footnote.v1 import documents_service_pb2 as pb
 from footnote.v1 import documents_service_pb2_grpc as pb_grpc
+from services.assistants.domain import get_settings
 from services.citations import ScoreKind
 from services.db.session import Database, make_engine
 from services.retrieval import indexes
@@ -281,7 +282,7 @@ async def assert_both_searches_agree(channel, make_key, db, embedder, tenant, qu
         async def vector(q=question):
             return embedder.embed_query(q)
 
-        concurrent = await hybrid_search_concurrently(
+        found = await hybrid_search_concurrently(
             db,
             tenant_id=tenant,
             assistant_id=assistant,
@@ -289,8 +290,11 @@ async def assert_both_searches_agree(channel, make_key, db, embedder, tenant, qu
             query_vector=vector(),
             top_k=5,
         )
-        assert concurrent == sequential
-        assert concurrent, question
+        assert found.chunks == sequential
+        assert found.chunks, question
+        # The full-text statement read the assistant's row as the settings' read does.
+        read = db.read(lambda s: get_settings(s, tenant, assistant))
+        assert found.assistant_version == read.version
 
 
 async def test_concurrent_search_returns_what_sequential_search_returns(
