@@ -5,8 +5,9 @@ search needs the assistant's settings (whether it retrieves, top_k, the score th
 starts at once too when the settings seen in this process's last answer for that assistant
 say how. The search's full-text statement also reads the version of the assistant's row
 (domain.ROW_VERSION). When it is the version the remembered settings were read at, the answer
-is built from them and the assistant is not read at all: at concurrency 16 that read was a
-twentieth of the requests a server could answer. Otherwise (the row changed or is gone, or the
+is built from them and the assistant is not read at all: reading it cost plain answers at
+concurrency 16 about 2.5% of the requests a server answers (0.24-0.31 ms of its CPU each; see
+docs/performance.md). Otherwise (the row changed or is gone, or the
 search failed) the assistant is read after the search, and the search's chunks are used only
 if the settings read say the same; if not, the search runs again on them. So an answer's
 settings are the assistant's as committed when its full-text statement ran or later, a few
@@ -34,9 +35,10 @@ from services.chat.gate import needs_retrieval
 from services.retrieval.search import Found
 
 MAX_REMEMBERED = 10_000
-# How long the assistant's read waits for the question's vector. The local model takes a few
-# ms; a remote embedding service takes longer but leaves the CPU to the read, and one that is
-# down must not hold up what needs no vector (a replayed answer, NOT_FOUND).
+# How long the assistant's read, when an answer must read it (see above), waits for the
+# question's vector. The local model takes a few ms; a remote embedding service takes longer
+# but leaves the CPU to the read, and one that is down must not hold up what needs no vector
+# (a replayed answer).
 READ_WAIT_SECONDS = 0.05
 
 
