@@ -10,9 +10,9 @@
 The baseline is the scripted upstream's own first token, asked directly over HTTP; the
 figure is the first delta of StreamComplete (retrieval on, citations on) through a Footnote
 server on the corpus of bench/corpus.py. Requests alternate between the two, one at a time.
-Each is a plain request, as most calls are; with --idempotent each carries a request_id (its
-idempotency key), and the server then reads the assistant with the answer that key may have
-stored, as a retry needs, instead of taking the settings it remembers (services/chat/early.py).
+Each is a plain request; with --idempotent each carries its own request_id (its idempotency
+key), whose stored answer the server then looks for in the search's full-text statement
+(services/chat/early.py).
 With --compare REV a second server runs the code at REV beside this tree's, and each
 question goes to both in turn: the load that other work puts on the machine then falls on
 both alike, which separate runs (tens of ms apart on a shared machine) cannot promise.
@@ -71,7 +71,7 @@ from services.db.session import Database, make_engine
 from services.retrieval import search as searching
 from services.retrieval.batching import QueryBatcher
 from services.retrieval.embeddings import create_embedder
-from services.retrieval.search import search
+from services.retrieval.search import start_search
 
 SERVER_TREE = Path("/tmp/fnbench-ttft-server")
 
@@ -219,15 +219,14 @@ async def breakdown(c: corpus.Corpus, key: str, questions: list[str]) -> None:
         return settings
 
     async def hybrid(q, vector, top_k):
-        found = await search(
+        return await start_search(
             db,
             tenant_id=c.tenant_id,
             assistant_id=c.assistant_id,
             query=q,
             query_vector=vector,
             top_k=top_k,
-        )
-        return found.chunks
+        ).chunks
 
     def prompt(hits):
         # As the server builds it before asking the model: the excerpts wait for the citations.
@@ -313,8 +312,8 @@ async def main() -> None:
     parser.add_argument(
         "--idempotent",
         action="store_true",
-        help="send each request with a request_id (the idempotency key), whose stored answer"
-        " the server then looks for, reading the assistant with it",
+        help="send each request with its own request_id (the idempotency key), whose stored"
+        " answer the server then looks for",
     )
     parser.add_argument(
         "--first-delay-ms",

@@ -3,24 +3,24 @@
 The question's embedding needs nothing from the assistant, so it always starts at once. The
 search needs the assistant's settings (whether it retrieves, top_k, the score threshold): it
 starts at once too when the settings seen in this process's last answer for that assistant
-say how. The search's full-text statement also reads the version of the assistant's row
-(domain.ROW_VERSION). When it is the version the remembered settings were read at, the answer
-is built from them and the assistant is not read at all: reading it cost plain answers at
-concurrency 16 about 2.5% of the requests a server answers (0.24-0.31 ms of its CPU each; see
-docs/performance.md). Otherwise (the row changed or is gone, or the
-search failed) the assistant is read after the search, and the search's chunks are used only
-if the settings read say the same; if not, the search runs again on them. So an answer's
-settings are the assistant's as committed when its full-text statement ran or later, a few
-milliseconds after the call arrived, never older. The search filters by tenant and assistant
-as always, so an early search for an assistant that is not the caller's finds nothing and is
-thrown away with the request's NOT_FOUND; that NOT_FOUND comes once the question is embedded
-and searched, so after an embedding service's timeout when one does not answer.
+say how. The search's full-text statement, which needs no vector and runs as the call
+arrives, also reads the version of the assistant's row (domain.ROW_VERSION) and whether an
+answer is stored for the request's request_id. When the version is the one the remembered
+settings were read at and no answer is stored, the answer is built from those settings and
+nothing else is read: reading the assistant cost plain answers at concurrency 16 about 2.5%
+of the requests a server answers (0.24-0.31 ms of its CPU each; see docs/performance.md).
+Otherwise (the row changed or is gone, an answer is stored, the statement failed) the
+assistant is read, with the stored answer, once that statement has run, and the search's
+chunks are used only if the settings read say the same; if not, the search runs again on
+them. So an answer's settings are the assistant's as committed when its full-text statement
+ran or later, a few milliseconds after the call arrived, never older. The search filters by
+tenant and assistant as always, so an early search for an assistant that is not the caller's
+finds nothing and is thrown away with the request's NOT_FOUND.
 
-An answer that must read more than the settings (its request_id's stored answer, its
-conversation's earlier turns) reads them as before, with its assistant: with a search under
-way, once the question is embedded (`EarlyRetrieval.embedded`, waiting at most
-READ_WAIT_SECONDS), since on two cores the read beside the model run slowed the run, the first
-delta's critical path, and a replayed answer needs no vector.
+An answer in a conversation (whose earlier turns must be read) reads them as before, with
+its assistant: with a search under way, once the question is embedded
+(`EarlyRetrieval.embedded`, waiting at most READ_WAIT_SECONDS), since on two cores the read
+beside the model run slowed the run, the first delta's critical path.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from dataclasses import dataclass
 
 from services.assistants.domain import AssistantSettings, VersionedSettings
 from services.chat.gate import needs_retrieval
-from services.retrieval.search import Found
+from services.futures import discard, read_outcome
+from services.retrieval.search import Search
 
 MAX_REMEMBERED = 10_000
-# How long the assistant's read, when an answer must read it (see above), waits for the
-# question's vector. The local model takes a few ms; a remote embedding service takes longer
-# but leaves the CPU to the read, and one that is down must not hold up what needs no vector
-# (a replayed answer).
+# How long the read of an answer in a conversation waits for the question's vector. The local
+# model takes a few ms; a remote embedding service takes longer but leaves the CPU to the read,
+# and one that is down must not hold up what needs no vector (a replayed answer).
 READ_WAIT_SECONDS = 0.05
 
 
@@ -67,7 +67,7 @@ class EarlyRetrieval:
         self,
         vector: asyncio.Future[Sequence[float]] | None,
         plan: SearchPlan | None,
-        search: asyncio.Future[Found] | None,
+        search: Search | None,
         known: VersionedSettings | None = None,
     ) -> None:
         self.vector = vector
@@ -77,12 +77,12 @@ class EarlyRetrieval:
         # When the work started: retrieval's duration counts from here when it is used.
         self.began = time.perf_counter()
 
-    def searched_with(self, plan: SearchPlan) -> asyncio.Future[Found] | None:
+    def searched_with(self, plan: SearchPlan) -> Search | None:
         """The early search if it ran on this plan; None when it must run again."""
         if self.search is not None and self.plan == plan:
             return self.search
         if self.search is not None:
-            discard(self.search)
+            self.search.cancel()
             self.search = None
         return None
 
@@ -94,31 +94,26 @@ class EarlyRetrieval:
             await asyncio.wait({self.vector}, timeout=READ_WAIT_SECONDS)
 
     async def unchanged_settings(self) -> AssistantSettings | None:
-        """The settings the early search started on, once it has found the assistant's row at
-        the version they were read at; None when it did not (or none started, or it failed).
-        Never raises: whoever awaits the search meets its failure."""
+        """The settings the early search started on, once its full-text statement has found
+        the assistant's row at the version they were read at and no answer stored for the
+        request's request_id; None when it did not (or none started, or it failed). Never
+        raises: whoever awaits the search meets its failure."""
         if self.search is None or self.known is None:
             return None
-        await asyncio.wait({self.search})
-        if self.search.cancelled() or self.search.exception() is not None:
+        text = self.search.text
+        await asyncio.wait({text})
+        if text.cancelled() or text.exception() is not None:
             return None
-        if self.search.result().assistant_version != self.known.version:
+        seen = text.result()
+        if seen.answered or seen.assistant_version != self.known.version:
             return None
         return self.known.settings
 
     def cancel(self) -> None:
-        for task in (self.vector, self.search):
-            if task is not None:
-                discard(task)
-
-
-def discard(task: asyncio.Future) -> None:
-    """Cancels a task whose result is not wanted; a failure it already had is not reported."""
-    if task.done():
-        if not task.cancelled():
-            task.exception()
-    else:
-        task.cancel()
+        if self.vector is not None:
+            discard(self.vector)
+        if self.search is not None:
+            self.search.cancel()
 
 
 class EarlyStarter:
@@ -139,7 +134,7 @@ class EarlyStarter:
         assistant_id: str,
         question: str,
         embed: Callable[[str], Awaitable[Sequence[float]]],
-        search: Callable[[SearchPlan, Awaitable[Sequence[float]]], Awaitable[Found]],
+        search: Callable[[SearchPlan, Awaitable[Sequence[float]]], Search],
     ) -> EarlyRetrieval:
         known = self._settings.get((tenant_id, assistant_id))
         plan = plan_for(known.settings, question) if known is not None else None
@@ -153,11 +148,5 @@ class EarlyStarter:
         # The shield's own future is nobody's to await: its failure is read here, or asyncio
         # would report it as never retrieved when the early search is cancelled first.
         shielded = asyncio.shield(vector)
-        shielded.add_done_callback(_read_outcome)
-        early = asyncio.ensure_future(search(plan, shielded))
-        return EarlyRetrieval(vector, plan, early, known)
-
-
-def _read_outcome(future: asyncio.Future) -> None:
-    if not future.cancelled():
-        future.exception()
+        shielded.add_done_callback(read_outcome)
+        return EarlyRetrieval(vector, plan, search(plan, shielded), known)

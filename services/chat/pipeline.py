@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from services.assistants.domain import AssistantSettings, VersionedSettings, get_settings
-from services.chat.early import EarlyRetrieval, EarlyStarter, SearchPlan, discard, plan_for
+from services.chat.early import EarlyRetrieval, EarlyStarter, SearchPlan, plan_for
 from services.citations import (
     Citations,
     CitationSpan,
@@ -39,6 +39,7 @@ from services.db.session import Database
 from services.errors import AlreadyExists, InvalidArgument
 from services.evidence.builder import AnswerEvidence, EvidenceBuilder, evidence_builder
 from services.evidence.streaming import SentenceTracker
+from services.futures import discard, read_outcome
 from services.llm.base import (
     Finished,
     FinishReason,
@@ -51,7 +52,7 @@ from services.observability.metrics import RETRIEVAL_DURATION
 from services.observability.tracing import traced, traced_stream
 from services.retrieval.batching import QueryBatcher
 from services.retrieval.embeddings import Embedder, LocalEmbedder
-from services.retrieval.search import Found, search
+from services.retrieval.search import Search, start_search
 
 log = logging.getLogger(__name__)
 
@@ -168,17 +169,12 @@ class Evidence:
             self._task = asyncio.ensure_future(asyncio.to_thread(self._build))
             # An answer that ends early (failed, cancelled) never awaits it: its failure, if it
             # had one, is read here so that asyncio does not report it as never retrieved.
-            self._task.add_done_callback(_read_outcome)
+            self._task.add_done_callback(read_outcome)
 
     async def get(self) -> AnswerEvidence:
         self.start()
         assert self._task is not None
         return await self._task
-
-
-def _read_outcome(task: asyncio.Future) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 async def spans_of(evidence: Evidence, sentences: list[CitationSpan]) -> list[CitationSpan]:
@@ -306,7 +302,9 @@ class ChatEngine:
             inp.assistant_id,
             question,
             functools.partial(self.questions.embed_query, tenant=tenant_id),
-            lambda plan, vector: self.search(tenant_id, inp.assistant_id, question, plan, vector),
+            lambda plan, vector: self.search(
+                tenant_id, inp.assistant_id, question, plan, vector, inp.request_id
+            ),
         )
         try:
             # aclosing: a closed answer closes the upstream request at once (see respond).
@@ -326,14 +324,16 @@ class ChatEngine:
         load: Callable[[], Awaitable[Loaded]],
         early: EarlyRetrieval,
     ) -> AsyncIterator[AnswerEvent]:
-        # An answer with no stored answer or conversation to read needs only the settings, and
-        # no read when the early search finds them unchanged (chat.early). Otherwise, with the
-        # search under way, the assistant is read once the question is embedded: the read then
-        # runs beside the vector query instead of taking CPU from the model, which is the
-        # critical path on two cores (0.6-1.2 ms off the first delta's p50 at 100k chunks).
-        # With nothing started early, the search waits for the settings: read now.
+        # An answer outside a conversation reads nothing when the early search's full-text
+        # statement finds its remembered settings current and no answer stored for its
+        # request_id (chat.early); otherwise it reads them once that statement has run. In a
+        # conversation, with the search under way, the assistant and the earlier turns are read
+        # once the question is embedded: the read then runs beside the vector query instead of
+        # taking CPU from the model, which is the critical path on two cores (0.6-1.2 ms off
+        # the first delta's p50 at 100k chunks). With nothing started early, the search waits
+        # for the settings: read now.
         unchanged = None
-        if not (inp.request_id or inp.conversation_id):
+        if not inp.conversation_id:
             unchanged = await early.unchanged_settings()
         else:
             await early.embedded()
@@ -489,16 +489,17 @@ class ChatEngine:
             )
         )
 
-    async def search(
+    def search(
         self,
         tenant_id: str,
         assistant_id: str,
         question: str,
         plan: SearchPlan,
         vector: Awaitable[Sequence[float]],
-    ) -> Found:
+        request_id: str = "",
+    ) -> Search:
         # The full-text query runs while the question is being embedded.
-        return await search(
+        return start_search(
             self.db,
             tenant_id=tenant_id,
             assistant_id=assistant_id,
@@ -506,6 +507,7 @@ class ChatEngine:
             query_vector=vector,
             top_k=plan.top_k,
             score_threshold=plan.score_threshold,
+            request_id=request_id,
         )
 
     async def retrieve(
@@ -528,13 +530,14 @@ class ChatEngine:
         if vector is None:
             vector = asyncio.ensure_future(self.questions.embed_query(question, tenant=tenant_id))
         started = early.searched_with(plan) if early is not None else None
+        if started is not None:
+            began = early.began  # the search started before the assistant was loaded
+        else:
+            started = self.search(tenant_id, assistant_id, question, plan, vector)
         try:
-            if started is not None:
-                began = early.began  # the search started before the assistant was loaded
-                hits = (await started).chunks
-            else:
-                hits = (await self.search(tenant_id, assistant_id, question, plan, vector)).chunks
+            hits = await started.chunks
         except BaseException:
+            started.cancel()
             discard(vector)
             raise
         stats = RetrievalStats(

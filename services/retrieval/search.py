@@ -30,6 +30,7 @@ from sqlalchemy import Row, text
 from services.assistants.domain import ROW_VERSION
 from services.citations import RetrievedChunk, ScoreKind, SourceLocation, join_heading
 from services.db.session import Database, Reader, connection_of, fetch
+from services.futures import discard, read_outcome
 from services.observability.tracing import traced
 from services.retrieval import fusion, indexes
 from services.retrieval.fusion import diversify, fuse, normalize_score
@@ -267,9 +268,11 @@ TEXT_MATCHES = f"""
 # against 5.5 with 1,200 documents, 6.0 against 5.6 with 49,200; the same rows every time. The
 # first row always comes (a row of nulls when no match is servable) and says, in `more`,
 # whether matches past the leading ones were ranked: text_candidates then knows when
-# TEXT_FALLBACK_SQL is needed. It also carries the version of the assistant's row
-# (`assistant_version`, null when there is none), for an answer to tell whether the settings it
-# remembers are still the assistant's without reading them (chat.early).
+# TEXT_FALLBACK_SQL is needed. It also carries, for the answer that searches (chat.early), the
+# version of the assistant's row (`assistant_version`, null when there is none), to tell
+# whether the settings it remembers are still the assistant's, and whether an answer is stored
+# for the request's request_id (`answered`; never, when :request_id is null), which the answer
+# would replay: with neither, it reads nothing but the search.
 TEXT_SQL = text(
     f"""
     {TEXT_MATCHES}, front AS MATERIALIZED (
@@ -283,11 +286,14 @@ TEXT_SQL = text(
       FROM front m JOIN servable d ON d.id = m.document_id
       ORDER BY m.rank DESC, m.chunk_index, m.start_offset, d.display_name, d.sha256 LIMIT :limit
     )
-    SELECT {CANDIDATE_COLUMNS}, k.rank, f.more, f.assistant_version
+    SELECT {CANDIDATE_COLUMNS}, k.rank, f.more, f.assistant_version, f.answered
     FROM (
       SELECT (SELECT count(*) FROM matches) > (SELECT count(*) FROM front) AS more,
              (SELECT a.{ROW_VERSION} FROM assistants a
-              WHERE a.id = :assistant AND a.tenant_id = :tenant) AS assistant_version
+              WHERE a.id = :assistant AND a.tenant_id = :tenant) AS assistant_version,
+             EXISTS (SELECT 1 FROM messages m
+                     WHERE m.tenant_id = :tenant AND m.request_id = :request_id
+                       AND m.role = 'assistant') AS answered
     ) f
     LEFT JOIN (best k JOIN chunks c ON c.id = k.id JOIN documents d ON d.id = c.document_id)
       ON true
@@ -524,7 +530,9 @@ class TextCandidates:
     rows: list[Row[Any]]
     # The version of the assistant's row (ROW_VERSION) in the statement's snapshot; None when
     # the row was not there or no statement ran.
-    assistant_version: int | None
+    assistant_version: int | None = None
+    # Whether an answer was stored for the request_id given (TEXT_SQL's `answered`).
+    answered: bool = False
 
 
 def text_candidates(
@@ -536,11 +544,12 @@ def text_candidates(
 
 
 def text_search(
-    s: Reader, tenant_id: str, assistant_id: str, query: str, limit: int
+    s: Reader, tenant_id: str, assistant_id: str, query: str, limit: int, request_id: str = ""
 ) -> TextCandidates:
-    """text_candidates, with the version of the assistant's row that the search saw."""
+    """text_candidates, with the version of the assistant's row that the search saw and
+    whether an answer is stored for request_id."""
     if not query.strip():
-        return TextCandidates([], None)
+        return TextCandidates([])
     size = assistant_size(s, tenant_id, assistant_id)
     params = {
         **term_choice(s, tenant_id, assistant_id, query, size.chunks),
@@ -550,15 +559,17 @@ def text_search(
         "cap": TEXT_CAP_ROWS,
         "depth": TEXT_DEPTH_PER_CANDIDATE * limit,
         "limit": limit,
+        "request_id": request_id or None,
     }
     prepare = planned_once(size)
     rows = fetch(s, TEXT_SQL, params, prepare=prepare)
-    more, version = rows[0].more, rows[0].assistant_version
-    if rows[0].id is None:  # no leading match is servable
+    first = rows[0]
+    if first.id is None:  # no leading match is servable
         rows = []
-    if len(rows) < limit and more:
+    if len(rows) < limit and first.more:
         rows = fetch(s, TEXT_FALLBACK_SQL, params, prepare=prepare)
-    return TextCandidates(rows, None if version is None else int(version))
+    version = None if first.assistant_version is None else int(first.assistant_version)
+    return TextCandidates(rows, version, bool(first.answered))
 
 
 def term_choice(
@@ -710,15 +721,21 @@ def hybrid_search(
 
 
 @dataclass(frozen=True)
-class Found:
-    """What `search` found: the chunks, and the version of the assistant's row that its
-    full-text statement saw (TextCandidates.assistant_version)."""
+class Search:
+    """A hybrid search under way (`start_search`): its full-text statement, whose outcome
+    comes first and also tells what the search saw of the assistant and the request
+    (TextCandidates), and the chunks it finds."""
 
-    chunks: list[RetrievedChunk]
-    assistant_version: int | None
+    text: asyncio.Future[TextCandidates]
+    chunks: asyncio.Future[list[RetrievedChunk]]
+
+    def cancel(self) -> None:
+        """Lets the search go; a failure either part had is not reported as never retrieved."""
+        discard(self.chunks)
+        discard(self.text)
 
 
-async def search(
+def start_search(
     db: Database,
     *,
     tenant_id: str,
@@ -727,12 +744,14 @@ async def search(
     query_vector: Awaitable[Sequence[float]],
     top_k: int,
     score_threshold: float = 0.0,
-) -> Found:
-    """hybrid_search with its two queries running at once on two connections.
+    request_id: str = "",
+) -> Search:
+    """hybrid_search with its two queries running at once on two connections, started.
 
     Each runs outside a transaction (`Database.autocommit`): they only read, and BEGIN and COMMIT
     were two of a query's three round trips. The vector is awaited here, so the full-text
-    query can run while it is being computed.
+    query can run while it is being computed. request_id: the request's, whose stored answer
+    the full-text statement looks for (TextCandidates.answered).
     """
     limit = candidate_limit(top_k)
 
@@ -751,17 +770,22 @@ async def search(
     # late. Handed over first, it made the hybrid search faster by 0.15 and 0.29 ms at 100k
     # chunks (paired medians of two runs of 600 questions; p95 -0.2 and -0.8 ms) and by
     # 0.32 ms at 1M clustered chunks, where the vector search through HNSW is the longer.
-    lexical, vector_rows = await asyncio.gather(
+    text = asyncio.ensure_future(
         traced(
             "retrieval.text",
             db.run_autocommit(
-                lambda conn: text_search(conn, tenant_id, assistant_id, query, limit)
+                lambda conn: text_search(conn, tenant_id, assistant_id, query, limit, request_id)
             ),
-        ),
-        nearest(),
+        )
     )
-    chunks = rank(vector_rows, lexical.rows, top_k, score_threshold)
-    return Found(chunks, lexical.assistant_version)
+    # Read when the chunks fail first, so that asyncio does not report its failure as lost.
+    text.add_done_callback(read_outcome)
+
+    async def chunks() -> list[RetrievedChunk]:
+        vector_rows = await nearest()
+        return rank(vector_rows, (await text).rows, top_k, score_threshold)
+
+    return Search(text, asyncio.ensure_future(chunks()))
 
 
 def to_retrieved(r: Row[Any], score: float) -> RetrievedChunk:

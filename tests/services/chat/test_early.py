@@ -17,11 +17,11 @@ from services.assistants.domain import (
 )
 from services.chat import early as early_retrieval
 from services.chat.early import EarlyStarter, SearchPlan
-from services.chat.pipeline import ChatEngine, ChatInput
+from services.chat.pipeline import AnswerComplete, ChatEngine, ChatInput
 from services.conversations.presenter import CitationPresenter
 from services.conversations.store import Turn
 from services.llm.base import Finished, GenerationRequest, TextPiece
-from services.retrieval.search import Found
+from services.retrieval.search import Search, TextCandidates
 
 QUESTION = "What does the license say about warranties?"
 
@@ -37,9 +37,8 @@ async def test_a_failed_embedding_of_a_dropped_early_search_is_not_reported_as_l
         async def embed(_: str) -> list[float]:
             return await embedding
 
-        async def search(plan: SearchPlan, vector) -> Found:
-            await vector
-            return Found([], 1)
+        def search(plan: SearchPlan, vector) -> Search:
+            return searching(TextCandidates([], 1), vector)
 
         starter = EarlyStarter()
         starter.remember("t", "a", versioned(top_k=8))
@@ -64,8 +63,8 @@ async def test_the_early_search_is_used_only_for_the_plan_it_ran_on() -> None:
     async def embed(_: str) -> list[float]:
         return [1.0]
 
-    async def search(plan: SearchPlan, vector) -> Found:
-        return Found([], int((await vector)[0]) + plan.top_k)
+    def search(plan: SearchPlan, vector) -> Search:
+        return searching(TextCandidates([], plan.top_k), vector)
 
     starter = EarlyStarter()
     first = starter.start("t", "a", QUESTION, embed, search)
@@ -74,41 +73,73 @@ async def test_the_early_search_is_used_only_for_the_plan_it_ran_on() -> None:
     starter.remember("t", "a", versioned(top_k=5))
     second = starter.start("t", "a", QUESTION, embed, search)
     started = second.searched_with(second.plan)
-    assert started is not None and (await started).assistant_version == 6
+    assert started is not None and await started.chunks == [1.0]
+    assert started.text.result().assistant_version == 5
 
 
 def versioned(version: int = 1, **settings) -> VersionedSettings:
     return VersionedSettings(AssistantSettings(enable_retrieval_gate=False, **settings), version)
 
 
+def searching(seen: TextCandidates | Exception, vector) -> Search:
+    """A search whose full-text statement saw `seen` (or failed with it), and whose chunks are
+    the question's vector."""
+
+    async def text() -> TextCandidates:
+        if isinstance(seen, Exception):
+            raise seen
+        return seen
+
+    async def chunks() -> list:
+        await text_task
+        return list(await vector)
+
+    text_task = asyncio.ensure_future(text())
+    return Search(text_task, asyncio.ensure_future(chunks()))
+
+
 async def test_remembered_settings_are_used_only_at_the_version_the_search_saw() -> None:
     async def embed(_: str) -> list[float]:
         return [1.0]
 
-    seen: list[Found | Exception] = []
+    seen: list[TextCandidates | Exception] = []
 
-    async def search(plan: SearchPlan, vector) -> Found:
-        await vector
-        outcome = seen.pop()
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+    def search(plan: SearchPlan, vector) -> Search:
+        return searching(seen.pop(), vector)
 
     starter = EarlyStarter()
     known = versioned(7, top_k=5)
     starter.remember("t", "a", known)
     cases = [
-        (Found([], 7), known.settings),  # the row as it was read: no read needed
-        (Found([], 8), None),  # changed since
-        (Found([], None), None),  # gone
+        (TextCandidates([], 7), known.settings),  # the row as it was read: no read needed
+        (TextCandidates([], 8), None),  # changed since
+        (TextCandidates([], None), None),  # gone
+        (TextCandidates([], 7, answered=True), None),  # an answer to replay: read it
         (RuntimeError("database down"), None),  # the read that follows meets it too
     ]
     for outcome, expected in cases:
         seen.append(outcome)
         early = starter.start("t", "a", QUESTION, embed, search)
-        await early.embedded()
         assert await early.unchanged_settings() == expected
         early.cancel()
+
+
+async def test_remembered_settings_wait_for_the_full_text_statement_only() -> None:
+    # A question's vector that does not come (an embedding service down) holds up no read.
+    async def embed(_: str) -> list[float]:
+        await asyncio.Event().wait()
+        return [1.0]
+
+    def search(plan: SearchPlan, vector) -> Search:
+        return searching(TextCandidates([], 3), vector)
+
+    starter = EarlyStarter()
+    starter.remember("t", "a", versioned(3, top_k=5))
+    early = starter.start("t", "a", QUESTION, embed, search)
+    settings = await asyncio.wait_for(early.unchanged_settings(), 1)
+    assert settings is not None and settings.top_k == 5
+    assert not early.search.chunks.done()
+    early.cancel()
 
 
 class Held:
@@ -163,20 +194,23 @@ class Silent:
 
 def order_engine(
     db, tenant, monkeypatch, wait: float
-) -> tuple[list[str], Held, Callable[[str], Awaitable[None]], str]:
-    """An engine whose model is held and whose read waits for it at most `wait` seconds: its
-    log, its model, a function that runs one answer through it, and its assistant's id."""
+) -> tuple[list[str], Held, Callable[..., Awaitable[str]], str]:
+    """An engine whose model is held and whose read in a conversation waits for it at most
+    `wait` seconds: its log, its model, a function that runs one answer through it (returning
+    the answer's conversation), and its assistant's id."""
     monkeypatch.setattr(early_retrieval, "READ_WAIT_SECONDS", wait)
     assistant = db.transact(lambda s: create_assistant(s, tenant, "order", {})).id
     log: list[str] = []
     embedder = Held(log)
     engine = ChatEngine(Reads(db, log), embedder, Silent(), CitationPresenter(db, None))
 
-    async def answer(question: str, request_id: str = "") -> None:
+    async def answer(question: str, request_id: str = "", conversation_id: str = "") -> str:
         turns = [Turn("user", question)]
-        inp = ChatInput(assistant, "", turns, request_id=request_id)
-        async for _ in engine.answer(tenant, inp):
-            pass
+        inp = ChatInput(assistant, conversation_id, turns, request_id=request_id)
+        async for event in engine.answer(tenant, inp):
+            if isinstance(event, AnswerComplete):
+                return event.result.conversation_id
+        raise AssertionError("the answer did not complete")
 
     return log, embedder, answer, assistant
 
@@ -188,10 +222,9 @@ async def first_entry(log: list[str]) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_with_a_search_started_early_the_assistant_is_read_once_the_question_is_embedded(
+async def test_an_answer_reads_its_assistant_only_when_the_search_finds_it_changed(
     db, tenant, monkeypatch
 ) -> None:
-    # The read would otherwise take CPU from the model run, the first delta's critical path.
     log, embedder, answer, assistant = order_engine(db, tenant, monkeypatch, wait=10.0)
 
     # The first answer knows nothing of the assistant: it is read at once, the model held.
@@ -213,43 +246,59 @@ async def test_with_a_search_started_early_the_assistant_is_read_once_the_questi
     await second
     assert log == ["embedded"]
 
-    # Once the assistant has changed, the next answer reads it, once the question is embedded.
+    # Once the assistant has changed, the next answer reads it as soon as its full-text query
+    # has seen the change, whether or not the question is embedded yet.
     db.transact(lambda s: update_assistant(s, tenant, assistant, None, {"top_k": 3}))
     log.clear()
     embedder.release.clear()
     third = asyncio.ensure_future(answer("How many days of leave does the third policy give?"))
-    await asyncio.sleep(0.2)
-    assert log == []
+    await first_entry(log)
+    assert log == ["assistant read"]
     embedder.release.set()
     await third
-    assert log == ["embedded", "assistant read"]
-
-
-async def test_the_assistant_read_waits_for_a_slow_model_only_so_long(
-    db, tenant, monkeypatch
-) -> None:
-    # A remote embedding service that hangs must not hold up what needs no vector: an answer
-    # with a request_id reads the assistant with the answer that request may have stored.
-    log, embedder, answer, _ = order_engine(db, tenant, monkeypatch, wait=0.1)
-    embedder.release.set()
-    await answer("What does the first policy say about leave?")
-    log.clear()
-    embedder.release.clear()
-    question = "How many days of leave does the second policy give?"
-    held = asyncio.ensure_future(answer(question, request_id="retry-1"))
-    await first_entry(log)
-    assert log == ["assistant read"]  # while the model still holds the question
-    embedder.release.set()
-    await held
     assert log == ["assistant read", "embedded"]
 
-    # Without one, the answer waits for its search, which waits for the model: the search's
-    # full-text statement says whether the settings it remembers are still the assistant's.
+
+async def test_in_a_conversation_the_read_waits_for_the_model_only_so_long(
+    db, tenant, monkeypatch
+) -> None:
+    # There the assistant is read with the earlier turns, once the question is embedded (the
+    # read would otherwise take CPU from the model run, the first delta's critical path), but a
+    # remote embedding service that hangs must not hold it up for long.
+    for wait, held_log, final_log in (
+        (10.0, [], ["embedded", "assistant read"]),
+        (0.1, ["assistant read"], ["assistant read", "embedded"]),
+    ):
+        log, embedder, answer, _ = order_engine(db, tenant, monkeypatch, wait=wait)
+        embedder.release.set()
+        conversation = await answer("What does the first policy say about leave?")
+        log.clear()
+        embedder.release.clear()
+        question = "How many days of leave does the second policy give?"
+        held = asyncio.ensure_future(answer(question, conversation_id=conversation))
+        await asyncio.sleep(0.3)
+        assert log == held_log
+        embedder.release.set()
+        await held
+        assert log == final_log
+
+
+async def test_a_request_id_answered_before_is_replayed_without_the_model(
+    db, tenant, monkeypatch
+) -> None:
+    # Only the full-text query, which needs no vector, is waited for: it says the request was
+    # answered, and the stored answer is read and replayed while the model still holds the
+    # question. A new request_id, unanswered, reads nothing.
+    log, embedder, answer, _ = order_engine(db, tenant, monkeypatch, wait=10.0)
+    embedder.release.set()
+    await answer("What does the first policy say about leave?")
+    first = await answer("How many days of leave?", request_id="retry-1")
     log.clear()
     embedder.release.clear()
-    usual = asyncio.ensure_future(answer("How many weeks of leave does the third policy give?"))
-    await asyncio.sleep(0.3)
-    assert log == []
+    again = await asyncio.wait_for(answer("How many days of leave?", request_id="retry-1"), 5)
+    assert again == first
+    assert log == ["assistant read"]
     embedder.release.set()
-    await usual
-    assert log == ["embedded"]
+    log.clear()
+    await answer("How many weeks of leave?", request_id="retry-2")
+    assert "assistant read" not in log

@@ -18,8 +18,7 @@ from services.retrieval import indexes
 from services.retrieval import search as searching
 from services.retrieval.embeddings import create_embedder
 from services.retrieval.fusion import fuse
-from services.retrieval.search import hybrid_search
-from services.retrieval.search import search as hybrid_search_concurrently
+from services.retrieval.search import hybrid_search, start_search
 from services.retrieval.table_stats import TermShares
 from tests.support import bearer, ingest
 
@@ -282,7 +281,7 @@ async def assert_both_searches_agree(channel, make_key, db, embedder, tenant, qu
         async def vector(q=question):
             return embedder.embed_query(q)
 
-        found = await hybrid_search_concurrently(
+        started = start_search(
             db,
             tenant_id=tenant,
             assistant_id=assistant,
@@ -290,11 +289,14 @@ async def assert_both_searches_agree(channel, make_key, db, embedder, tenant, qu
             query_vector=vector(),
             top_k=5,
         )
-        assert found.chunks == sequential
-        assert found.chunks, question
-        # The full-text statement read the assistant's row as the settings' read does.
+        concurrent = await started.chunks
+        assert concurrent == sequential
+        assert concurrent, question
+        # The full-text statement read the assistant's row as the settings' read does, and
+        # no answer is stored for a request without a request_id.
         read = db.read(lambda s: get_settings(s, tenant, assistant))
-        assert found.assistant_version == read.version
+        seen = started.text.result()
+        assert seen.assistant_version == read.version and not seen.answered
 
 
 async def test_concurrent_search_returns_what_sequential_search_returns(
