@@ -214,11 +214,13 @@ def get_assistant(s: Session, tenant_id: str, assistant_id: str) -> AssistantRec
 
 
 # The version of an assistant's row: the id of the transaction that wrote it (Postgres's xmin),
-# which every UPDATE of the row changes, whatever wrote it, and nothing else does (VACUUM's
-# freezing keeps it). An answer compares it to the version its remembered settings were read
-# at (chat.early), as a column of a statement it runs anyway. Transaction ids wrap around after
-# 2^32; the same id would have to come back to the same row, with the process remembering the
-# old settings all along, to go unseen.
+# which every UPDATE of the row changes, whatever wrote it. VACUUM's freezing keeps the value
+# (since PostgreSQL 9.4 it sets flag bits instead; VACUUM FREEZE left it as it was on the
+# stack's Postgres 18), and a change for any other reason would only have the settings read
+# again. An answer compares it to the version its remembered settings were read at (chat.early),
+# as a column of a statement it runs anyway. Transaction ids wrap around after 2^32; the same id
+# would have to come back to the same row, with the process remembering the old settings all
+# along, to go unseen.
 ROW_VERSION = "xmin::text::bigint"
 
 # What an answer reads of its assistant, without the ORM (see session.fetch).
