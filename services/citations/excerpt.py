@@ -142,9 +142,9 @@ def _best_window_start(flat: str, wanted: frozenset[str], limit: int) -> int:
         return 0
     # The start is kept when the words that end within the first limit (less the ellipsis)
     # are as many as the best window's, and no window holds more than all of them: when each
-    # one's first place ends there, no window need be tried. That was 775 of 1,957 excerpts
-    # (the sources of 200 questions on bench/corpus.py's manual pages), and it took their
-    # time from 32 to 24 us an excerpt, the same excerpts.
+    # one's first place ends there, no window need be tried: 775 of the 1,957 window searches
+    # for the sources of 200 questions on bench/corpus.py's manual pages, which took the
+    # excerpts from 32 to 24 us each, the same excerpts.
     if all(places[0][1] <= limit - len(ELLIPSIS) for places in found):
         return 0
     tokens = sorted(token for places in found for token in places)
