@@ -225,14 +225,14 @@ async def time_current(db, c, questions):
     timings = []
     for q, v in questions:
         began = time.perf_counter()
-        await current.search(
+        await current.start_search(
             db,
             tenant_id=c.tenant_id,
             assistant_id=c.assistant_id,
             query=q,
             query_vector=ready(v),
             top_k=TOP_K,
-        )
+        ).chunks
         timings.append(time.perf_counter() - began)
     return timings
 
