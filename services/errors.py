@@ -56,6 +56,11 @@ class AlreadyExists(FootnoteError):
     reason = "ALREADY_EXISTS"
 
 
+class Aborted(FootnoteError):
+    code = grpc.StatusCode.ABORTED
+    reason = "ABORTED"
+
+
 class FailedPrecondition(FootnoteError):
     code = grpc.StatusCode.FAILED_PRECONDITION
     reason = "FAILED_PRECONDITION"

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.assistants.domain import AssistantSettings, VersionedSettings, get_settings
@@ -36,7 +37,7 @@ from services.conversations.presenter import CitationPresenter
 from services.conversations.snapshot import citations_from_json, citations_to_json
 from services.conversations.store import Turn
 from services.db.session import Database
-from services.errors import AlreadyExists, InvalidArgument
+from services.errors import Aborted, AlreadyExists, InvalidArgument
 from services.evidence.builder import AnswerEvidence, EvidenceBuilder, evidence_builder
 from services.evidence.streaming import SentenceTracker
 from services.futures import discard, read_outcome
@@ -228,6 +229,22 @@ def request_id_reused(what: str, previous_id: str) -> AlreadyExists:
 
 
 class ChatEngine:
+    async def check_answered_meanwhile(self, tenant_id: str, inp: ChatInput) -> None:
+        """Raises ABORTED when another call with the same request_id stored its answer while
+        this one was answering (or ALREADY_EXISTS, as a replay would, when that call asked
+        another question): this answer is not stored, and the request sent again replays that
+        one. Returns when no answer is stored for the request_id, leaving the failure to be."""
+        stored = await self.db.run(lambda s: store.find_answer(s, tenant_id, inp.request_id))
+        if stored is None:
+            return
+        await self.check_same_request(inp, stored)
+        raise Aborted(
+            "another call with this request_id stored its answer first; send the request again"
+            " to get that answer",
+            reason="REQUEST_ID_ANSWERED_CONCURRENTLY",
+            metadata={"message_id": stored.message_id},
+        )
+
     async def check_same_request(self, inp: ChatInput, stored: store.StoredAnswer) -> None:
         """AIP-155: a request_id replays its own answer only, never another question's."""
         assistant_id, question = await self.db.run(
@@ -457,17 +474,22 @@ class ChatEngine:
             response=response,
             request_id=inp.request_id,
         )
-        if inp.conversation_id:
-            conversation_id, message_id = await self.db.run(
-                lambda s: store.store_exchange(s, exchange, inp.conversation_id)
-            )
-        else:
-            # One statement, with no BEGIN and COMMIT around it; its rows' ids are chosen here,
-            # so if a dead connection makes Database run it again, it is written once.
-            new = store.new_conversation(exchange)
-            conversation_id, message_id = await self.db.run_autocommit(
-                lambda conn: store.write_new_conversation(conn, new)
-            )
+        try:
+            if inp.conversation_id:
+                conversation_id, message_id = await self.db.run(
+                    lambda s: store.store_exchange(s, exchange, inp.conversation_id)
+                )
+            else:
+                # One statement, with no BEGIN and COMMIT around it; its rows' ids are chosen
+                # here, so if a dead connection makes Database run it again, it is written once.
+                new = store.new_conversation(exchange)
+                conversation_id, message_id = await self.db.run_autocommit(
+                    lambda conn: store.write_new_conversation(conn, new)
+                )
+        except IntegrityError:
+            if inp.request_id:
+                await self.check_answered_meanwhile(tenant_id, inp)
+            raise
         if citations is not None:
             # Presenting signs the download links (PUBLIC links by the links worker pool).
             citations = await traced(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import grpc
@@ -271,6 +272,33 @@ async def test_request_id_replays_the_stored_answer(chat, api_key, corpus):
     assert again.message.content == first.message.content and again.citations == first.citations
     _, streamed = await stream(chat, api_key, ask(assistant, request_id=rid))
     assert streamed.message_id == first.message_id
+
+
+async def test_calls_racing_with_one_request_id_store_one_answer(chat, api_key, corpus):
+    # Calls sent together with the same request_id each look for a stored answer before any is
+    # stored. The first to store its answer wins; a later one that then cannot store its own
+    # is ABORTED (never INTERNAL), and sending it again replays the winner's answer.
+    assistant, _ = corpus
+    await chat.Complete(ask(assistant), metadata=bearer(api_key))  # settings remembered
+    for _ in range(3):
+        rid = str(uuid.uuid4())
+        outcomes = await asyncio.gather(
+            *(
+                chat.Complete(ask(assistant, request_id=rid), metadata=bearer(api_key))
+                for _ in range(6)
+            ),
+            return_exceptions=True,
+        )
+        answered = {o.message_id for o in outcomes if isinstance(o, pb.CompleteResponse)}
+        assert len(answered) == 1, outcomes
+        for failed in (o for o in outcomes if not isinstance(o, pb.CompleteResponse)):
+            assert isinstance(failed, grpc.aio.AioRpcError), failed
+            assert failed.code() == grpc.StatusCode.ABORTED, failed.details()
+            info = error_info(failed)
+            assert info.reason == "REQUEST_ID_ANSWERED_CONCURRENTLY"
+            assert info.metadata["message_id"] in answered
+        again = await chat.Complete(ask(assistant, request_id=rid), metadata=bearer(api_key))
+        assert {again.message_id} == answered
 
 
 async def test_link_modes(chat, channel, api_key, settings):
