@@ -222,40 +222,45 @@ async def first_entry(log: list[str]) -> None:
         await asyncio.sleep(0.01)
 
 
+async def with_model_held(
+    log: list[str], embedder: Held, answer: Awaitable[str], held_log: list[str]
+) -> str:
+    """Runs an answer with its model held: checks that the log is held_log while the question
+    is not yet embedded (once it has an entry, or after 0.3 s when none is expected), then
+    releases the model and returns the answer's conversation."""
+    log.clear()
+    embedder.release.clear()
+    running = asyncio.ensure_future(answer)
+    if held_log:
+        await first_entry(log)
+    else:
+        await asyncio.sleep(0.3)
+    assert log == held_log
+    embedder.release.set()
+    return await running
+
+
 async def test_an_answer_reads_its_assistant_only_when_the_search_finds_it_changed(
     db, tenant, monkeypatch
 ) -> None:
     log, embedder, answer, assistant = order_engine(db, tenant, monkeypatch, wait=10.0)
 
     # The first answer knows nothing of the assistant: it is read at once, the model held.
-    first = asyncio.ensure_future(answer("What does the first policy say about leave?"))
-    await first_entry(log)
-    assert log == ["assistant read"]
-    embedder.release.set()
-    await first
+    first = answer("What does the first policy say about leave?")
+    await with_model_held(log, embedder, first, ["assistant read"])
     assert log == ["assistant read", "embedded"]
 
     # The second starts its search on the settings it remembers, and its full-text query finds
     # the assistant's row unchanged: the assistant is not read at all.
-    log.clear()
-    embedder.release.clear()
-    second = asyncio.ensure_future(answer("How many days of leave does the second policy give?"))
-    await asyncio.sleep(0.2)
-    assert log == []
-    embedder.release.set()
-    await second
+    second = answer("How many days of leave does the second policy give?")
+    await with_model_held(log, embedder, second, [])
     assert log == ["embedded"]
 
     # Once the assistant has changed, the next answer reads it as soon as its full-text query
     # has seen the change, whether or not the question is embedded yet.
     db.transact(lambda s: update_assistant(s, tenant, assistant, None, {"top_k": 3}))
-    log.clear()
-    embedder.release.clear()
-    third = asyncio.ensure_future(answer("How many days of leave does the third policy give?"))
-    await first_entry(log)
-    assert log == ["assistant read"]
-    embedder.release.set()
-    await third
+    third = answer("How many days of leave does the third policy give?")
+    await with_model_held(log, embedder, third, ["assistant read"])
     assert log == ["assistant read", "embedded"]
 
 
@@ -272,14 +277,9 @@ async def test_in_a_conversation_the_read_waits_for_the_model_only_so_long(
         log, embedder, answer, _ = order_engine(db, tenant, monkeypatch, wait=wait)
         embedder.release.set()
         conversation = await answer("What does the first policy say about leave?")
-        log.clear()
-        embedder.release.clear()
         question = "How many days of leave does the second policy give?"
-        held = asyncio.ensure_future(answer(question, conversation_id=conversation))
-        await asyncio.sleep(0.3)
-        assert log == held_log
-        embedder.release.set()
-        await held
+        in_conversation = answer(question, conversation_id=conversation)
+        await with_model_held(log, embedder, in_conversation, held_log)
         assert log == final_log
 
 
