@@ -12,7 +12,10 @@ same run, alternately, `--rounds` times; printed per batch: upstream deltas rela
 (wall time of the whole batch), the ratio to the echo, failed calls, the p99 gap between
 the delta messages of a stream, the median time to the first delta, and the p99 time from
 the last delta to the end of the call (Footnote stores the exchange and sends the final
-message then). Footnote runs once per event loop in `--loops` (asyncio, uvloop).
+message then). A batch whose p99 gap is more than 10 ms over the echo's also says where its
+longest gaps fell: when in the batch they began, after which message of their stream, and
+when those streams got their first delta. Footnote runs once per event loop in `--loops`
+(asyncio, uvloop).
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ from harness import (
 
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import chat_service_pb2_grpc as pb_grpc
+
+# Item 4's target: the p99 gap within this much of the echo's. A round that misses it also
+# prints where its longest gaps fell (long_gaps).
+GAP_TARGET_MS = 10
 
 
 async def one_stream(stub, request, metadata):
@@ -77,6 +84,31 @@ async def batch(target: str, streams: int, request, metadata):
     # After the last delta Footnote still stores the exchange and sends the final message.
     tail = [end - stamps[-1] for _, stamps, _, end in ok if stamps]
     return wall, errors, gaps, first, ok, tail
+
+
+def long_gaps(ok) -> str:
+    """Where a batch's longest gaps fall: those at or over its p99, which decide the figure.
+
+    A stream of few (coalesced) messages has few gaps, so its p99 is decided by a few dozen
+    of them; this says whether they came together (one moment of the batch, a group of streams
+    waiting at once) and after which of their streams' messages.
+    """
+    start = min(began for began, _, _, _ in ok)
+    gaps = [
+        (b - a, a - start, i, stamps[0] - began)
+        for began, stamps, _, _ in ok
+        for i, (a, b) in enumerate(itertools.pairwise(stamps), start=1)
+    ]
+    p99 = percentile([g[0] for g in gaps], 99)
+    longest = [g for g in gaps if g[0] >= p99]
+    begins = [g[1] for g in longest]
+    after, count = Counter(g[2] for g in longest).most_common(1)[0]
+    return (
+        f"the {len(longest)} gaps at or over the p99 began {percentile(begins, 10):.2f} to "
+        f"{percentile(begins, 90):.2f} s into the batch (10th to 90th percentile), "
+        f"{count} of them after their stream's message {after}; those streams' first delta "
+        f"p50 {statistics.median(g[3] for g in longest):.2f} s"
+    )
 
 
 def summary(name, deltas, streams, wall, errors, gaps, first, ok, tail):
@@ -151,6 +183,8 @@ async def main() -> None:
                             f"upstream deltas; ratio to the echo {ratios[name][-1]:.2f}, p99 gap "
                             f"between deltas {gap_diff:+.1f} ms over the echo's"
                         )
+                        if gap_diff > GAP_TARGET_MS:
+                            print(f"    {long_gaps(f[4])}")
                 for name, values in ratios.items():
                     print(
                         f"  {name}: median ratio over {args.rounds} rounds "
