@@ -43,8 +43,8 @@ from harness import (
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import chat_service_pb2_grpc as pb_grpc
 
-# Item 4's target: the p99 gap within this much of the echo's. A round that misses it also
-# prints where its longest gaps fell (long_gaps).
+# The target at 1,000 streams: the p99 gap within this much of the echo's. A round that misses it
+# also prints where its longest gaps fell (long_gaps).
 GAP_TARGET_MS = 10
 
 
