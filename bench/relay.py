@@ -79,11 +79,19 @@ async def batch(target: str, streams: int, request, metadata):
         if isinstance(r, BaseException) and not isinstance(r, grpc.aio.AioRpcError)
     )
     ok = [r for r in results if not isinstance(r, BaseException)]
-    gaps = [b - a for _, stamps, _, _ in ok for a, b in itertools.pairwise(stamps)]
+    gaps = [length for length, _, _, _ in stream_gaps(ok)]
     first = [stamps[0] - start for start, stamps, _, _ in ok if stamps]
     # After the last delta Footnote still stores the exchange and sends the final message.
     tail = [end - stamps[-1] for _, stamps, _, end in ok if stamps]
     return wall, errors, gaps, first, ok, tail
+
+
+def stream_gaps(ok):
+    """Each gap between two delta messages of a stream: its length, when it began, the number of
+    the message it follows, and how long after its call the stream's first delta came."""
+    for began, stamps, _, _ in ok:
+        for i, (a, b) in enumerate(itertools.pairwise(stamps), start=1):
+            yield b - a, a, i, stamps[0] - began
 
 
 def long_gaps(ok) -> str:
@@ -94,11 +102,7 @@ def long_gaps(ok) -> str:
     waiting at once) and after which of their streams' messages.
     """
     start = min(began for began, _, _, _ in ok)
-    gaps = [
-        (b - a, a - start, i, stamps[0] - began)
-        for began, stamps, _, _ in ok
-        for i, (a, b) in enumerate(itertools.pairwise(stamps), start=1)
-    ]
+    gaps = [(length, at - start, i, first) for length, at, i, first in stream_gaps(ok)]
     p99 = percentile([g[0] for g in gaps], 99)
     longest = [g for g in gaps if g[0] >= p99]
     begins = [g[1] for g in longest]
