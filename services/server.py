@@ -32,6 +32,7 @@ from services.assistants.servicer import AssistantsServicer
 from services.auth import Authenticator
 from services.chat.pipeline import ChatEngine
 from services.chat.servicer import ChatServicer
+from services.completions import drain_wakeups
 from services.config import Settings
 from services.conversations.presenter import CitationPresenter
 from services.conversations.service import ConversationService
@@ -216,6 +217,7 @@ async def serve(
     deps = Deps.from_settings(settings)
     await asyncio.to_thread(deps.storage.ensure_bucket)
     server, port = create_server(settings, deps)
+    drain_wakeups(asyncio.get_running_loop())
     freeze_startup_objects()
     await server.start()
     http_runner, http_port = await start_http(
