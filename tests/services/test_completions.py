@@ -42,6 +42,11 @@ async def unread_after_a_long_turn(calls: int) -> tuple[int, list[bytes]]:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     loop = asyncio.get_running_loop()
+    if wakeup_socket(loop) is None:
+        # A grpc.aio that wakes its loop another way (its public source has a rewrite that
+        # writes a byte only when its queue was empty) needs no reader of ours.
+        await server.stop(None)
+        pytest.skip("this grpc.aio has no one-byte-a-completion wake-up socket")
     assert drain_wakeups(loop)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
