@@ -63,14 +63,18 @@ def wakeup_socket(
     return sock, functools.partial(queues[0]._handle_events, loop)
 
 
-def _reader(sock: socket.socket, handle_events: Callable[[], None]) -> Callable[[], None]:
-    unread = array.array("i", [0])
-    fd = sock.fileno()
+def unread_bytes(sock: socket.socket) -> int:
+    """Bytes waiting to be read on sock."""
+    count = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, count, True)
+    return count[0]
 
+
+def _reader(sock: socket.socket, handle_events: Callable[[], None]) -> Callable[[], None]:
     def on_readable() -> None:
-        fcntl.ioctl(fd, termios.FIONREAD, unread, True)
-        if unread[0] > 1:
-            sock.recv(unread[0] - 1, socket.MSG_DONTWAIT)
+        unread = unread_bytes(sock)
+        if unread > 1:
+            sock.recv(unread - 1, socket.MSG_DONTWAIT)
         handle_events()
 
     return on_readable

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import array
 import asyncio
-import fcntl
 import logging
-import termios
 import time
 
 import grpc
 import pytest
 
-from services.completions import drain_wakeups, wakeup_socket
+from services.completions import drain_wakeups, unread_bytes, wakeup_socket
 
 METHOD = "/test.Echo/Call"
 
@@ -20,9 +17,7 @@ METHOD = "/test.Echo/Call"
 def unread(loop: asyncio.AbstractEventLoop) -> int:
     found = wakeup_socket(loop)
     assert found is not None
-    count = array.array("i", [0])
-    fcntl.ioctl(found[0].fileno(), termios.FIONREAD, count, True)
-    return count[0]
+    return unread_bytes(found[0])
 
 
 async def unread_after_a_long_turn(calls: int) -> tuple[int, list[bytes]]:
