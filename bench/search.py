@@ -346,6 +346,14 @@ async def main() -> None:
         " memory costs at this scale, which does not depend on the vectors (random ones at 1M"
         " would be held; their HNSW index takes over an hour to build here)",
     )
+    parser.add_argument(
+        "--cold",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first, N questions asked of the fresh process at COLD_PACE a second: recall@10"
+        " as served from the first question, before the assistant's vectors are held",
+    )
     parser.add_argument("--database-url", help="a built corpus database, instead of starting one")
     args = parser.parse_args()
     print(machine(), flush=True)
@@ -397,9 +405,11 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
             f"top_k {TOP_K}, {len(questions)} questions ({args.previous_queries} for the "
             f"previous search), ef_search {walked}"
         )
+        if args.cold:
+            cold_start(db, c, warm[: args.cold])
         # Other questions first, so that the timed ones read from a warm cache; they are also
-        # what the server's memory waits for before it loads the assistant's vectors and checks
-        # its HNSW walk with them (vector_memory.ASKED_BEFORE_LOAD).
+        # what the server's memory checks the assistant's HNSW walk on, against the copy of
+        # its vectors it loads at the first (vector_memory.ASKED_BEFORE_CHECK).
         await time_current(db, c, warm)
         if current.MEMORY is not None:
             current.MEMORY.wait_idle(600)
@@ -450,8 +460,8 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
             found = []
             for assistant, qs, label, truth in sets:
                 if current.MEMORY is not None:
-                    # As many questions as a load waits for (the index is checked on them).
-                    asked = vector_memory.ASKED_BEFORE_LOAD
+                    # As many questions as the check of the walk waits for (then judged).
+                    asked = vector_memory.ASKED_BEFORE_CHECK
                     recall(db, c.tenant_id, assistant, qs[:asked], truth[:asked], ef)
                     current.MEMORY.wait_idle(600)
                 r, t = recall(db, c.tenant_id, assistant, qs, truth, ef)
@@ -463,6 +473,34 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
             measure_known_items(db, c)
     finally:
         db.dispose()
+
+
+# Questions a second in --cold: one asker, a few seconds apart per person.
+COLD_PACE = 5
+
+
+def cold_start(db, c, questions):
+    """Recall@10 as served from this process's first question of the assistant on, asked
+    COLD_PACE a second, and from which question on its vectors were held."""
+    truth = truths(db, c.tenant_id, c.assistant_id, questions)
+    served = current.EF_SEARCH, current.LARGE_EF_SEARCH
+    found, held_from = [], None
+    began = time.perf_counter()
+    for i, (question, expected) in enumerate(zip(questions, truth, strict=True)):
+        held = current.MEMORY is not None and current.MEMORY.held()[1] > 0
+        if held and held_from is None:
+            held_from = i + 1, time.perf_counter() - began
+        found.append(recall(db, c.tenant_id, c.assistant_id, [question], [expected], served)[0])
+        time.sleep(max(0.0, began + (i + 1) / COLD_PACE - time.perf_counter()))
+    print(
+        f"  from a cold start, {len(questions)} questions {COLD_PACE} a second: recall@10 as"
+        f" served {statistics.fmean(found):.3f}, the first ten {statistics.fmean(found[:10]):.3f};"
+        + (
+            f" vectors held from question {held_from[0]} ({held_from[1]:.1f} s)"
+            if held_from
+            else " vectors not held"
+        )
+    )
 
 
 def measure_known_items(db, c):

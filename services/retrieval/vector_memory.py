@@ -15,11 +15,18 @@ and clustered vectors, 0.96 of them for real embeddings (where many chunks are e
 one another, and which copy counts is arbitrary).
 
 So an assistant searched through HNSW (more than search.EXACT_MAX_CHUNKS chunks) is loaded
-into memory, in the background, once it has been asked ASKED_BEFORE_LOAD questions, and its
-HNSW walk is checked against exact search on them (and on questions made from its chunks).
-Where the walk finds nearly all of the exact nearest (embeddings of real documents: 0.996 at
-100k chunks), the copy is dropped and HNSW, which is faster, goes on serving; where it misses
-(random vectors: 0.28), the assistant's searches are answered here from then on. An assistant
+into memory, in the background, at its first question, and its searches are answered here
+as soon as the copy is loaded (1.2 s at 100k chunks). Once it has been asked
+ASKED_BEFORE_CHECK questions, its HNSW walk is checked against exact search on them (and on
+questions made from its chunks). Where the walk finds nearly all of the exact nearest
+(embeddings of real documents: 0.996 at 100k chunks), the copy is dropped and HNSW, which is
+faster, serves from then on; where it misses (random vectors: 0.28), the copy goes on
+serving. Loaded only once the questions to judge the walk on had been asked, as before, a
+copy left a new process's first questions to the walk: at 100k random vectors, asked five a
+second, the first 28 found 0.10 of the exact ten (1.00 from the 29th); loaded at once, the
+first 5. The price is a load (about a second of a core per 100k chunks) for a large
+assistant asked only once or twice, which the budget's least recently used order bounds. An
+assistant
 larger than the whole budget (FOOTNOTE_VECTOR_MEMORY_MB; 1M chunks take 385 MB) stays on
 HNSW. A walk judged on some questions can miss on others: an assistant asked about what its
 documents do not hold (nothing near) is walked through a part of the graph it was not judged
@@ -73,7 +80,7 @@ log = logging.getLogger(__name__)
 RELOAD_SECONDS = 30.0
 # A load that failed is tried again after this long.
 RETRY_SECONDS = 60.0
-# Before an assistant is held, its HNSW walk is checked against exact search on PROBES
+# Once an assistant is held, its HNSW walk is checked against exact search on PROBES
 # questions: the last ones the assistant was asked, and as many as are missing made from its
 # chunks (each a chunk's vector turned PROBE_TURN in a random direction, as a question lies
 # near a passage that answers it). Where the walk finds at least GOOD_RECALL of the exact ten
@@ -84,9 +91,9 @@ RETRY_SECONDS = 60.0
 # degrees, random vectors 0.39 / 0.39 / 0.34 / 0.24, clustered 0.998 / 0.996 / 0.972 / 0.992,
 # real embeddings of manual pages 0.978 / 0.980 / 0.960 / 0.940 (0.984 on their real
 # questions); at 1M clustered chunks 0.966 at 15 degrees where bench/search.py's questions got
-# 0.907. So the check waits for ASKED_BEFORE_LOAD questions, or PROBE_WAIT_SECONDS after the
-# first.
-ASKED_BEFORE_LOAD = 20
+# 0.907. So the check waits for ASKED_BEFORE_CHECK questions, or PROBE_WAIT_SECONDS after the
+# first; the copy serves meanwhile.
+ASKED_BEFORE_CHECK = 20
 # A smaller assistant is held from its second question: loading it reads every vector, about as
 # much as one exact search does, so an assistant asked once is not loaded.
 EXACT_ASKED_BEFORE_LOAD = 2
@@ -178,6 +185,9 @@ class HeldAssistant:
     used: float = field(default_factory=time.monotonic)
     stale: bool = False
     exact: bool = False  # held in place of Postgres's exact search, not of an HNSW walk
+    # Whether the assistant's HNSW walk has been checked against this copy: one loaded at an
+    # assistant's first question serves it until enough questions were asked to judge the walk.
+    judged: bool = True
 
     @property
     def chunks(self) -> int:
@@ -312,37 +322,42 @@ class VectorMemory:
         """The assistant's copy if one is held for its kind of search (exact: in place of
         Postgres's exact search) and not known to be stale; otherwise None, the question
         counted (and kept as a probe of the walk, unless exact), and a load started when the
-        assistant fits, none is under way, and enough questions were asked."""
+        assistant fits and none is under way. A copy held before its walk was judged keeps the
+        question as a probe too, and starts the check once enough were asked."""
         key = (str(engine.url), tenant_id, assistant_id)
         now = time.monotonic()
+        job: tuple[Any, ...] | None = None
         with self._lock:
-            held = self._held.get(key)
-            if held is not None and not held.stale and held.exact == exact:
+            found = self._held.get(key)
+            held = found if found is not None and not found.stale and found.exact == exact else None
+            if held is not None:
                 held.used = now
                 self._held.move_to_end(key)
-                return held
-            if held is not None:  # stale or for the other kind: its memory goes at once
-                del self._held[key]
-            can_load = self.fits(chunks, len(query)) and key not in self._loading
-            due = can_load and self._not_before.get(key, 0.0) <= now  # for a first load
-            if exact:
-                probes: list[np.ndarray] | None = [] if self._enough(key) and due else None
-                recheck = False
+                if not held.judged and (probes := self._judge_on(key, query, now)) is not None:
+                    job = (self._check, engine, key, held, probes)
             else:
-                probes, recheck = self._probes(key, chunks, query, now, can_load, due)
-            wanted = probes is not None
-            if wanted:
-                self._loading.add(key)
-                self._not_before[key] = now + RELOAD_SECONDS
-                # Room first, so the process never holds the budget and the new copy at once.
-                self._make_room(copy_bytes(chunks, len(query)))
-        if wanted:
+                if found is not None:  # stale or for the other kind: its memory goes at once
+                    del self._held[key]
+                can_load = self.fits(chunks, len(query)) and key not in self._loading
+                due = can_load and self._not_before.get(key, 0.0) <= now  # for a first load
+                if exact:
+                    wanted: list[np.ndarray] | None = [] if self._enough(key) and due else None
+                    recheck = False
+                else:
+                    wanted, recheck = self._probes(key, chunks, query, now, can_load, due)
+                if wanted is not None:
+                    self._loading.add(key)
+                    self._not_before[key] = now + RELOAD_SECONDS
+                    # Room first, so the process never holds the budget and the new copy at once.
+                    self._make_room(copy_bytes(chunks, len(query)))
+                    job = (self._load, engine, key, wanted, recheck, exact)
+        if job is not None:
             try:
-                self._loader.submit(self._load, engine, key, probes, recheck, exact)
+                self._loader.submit(*job)
             except RuntimeError:  # closed (the process reconfigured or stops): no more loads
                 with self._lock:
                     self._loading.discard(key)
-        return None
+        return held
 
     def _enough(self, key: tuple[str, str, str]) -> bool:
         """Whether an assistant searched exactly has now been asked enough questions to be
@@ -366,12 +381,7 @@ class VectorMemory:
         probe; the questions to check its walk on if a load is wanted now (else None), and
         whether that load checks a standing verdict again (which can_load allows, where a
         first load waits until due)."""
-        asked = self._asked.setdefault(key, deque(maxlen=PROBES))
-        asked.append(query)
-        self._asked.move_to_end(key)
-        while len(self._asked) > ASKING_ASSISTANTS:
-            self._first_asked.pop(self._asked.popitem(last=False)[0], None)
-        first = self._first_asked.setdefault(key, now)
+        asked = self._keep_probe(key, query, now)
         verdict = self._index_good.get(key)
         if verdict is not None and verdict.watching(chunks, now):
             verdict.asked += 1
@@ -385,9 +395,35 @@ class VectorMemory:
                 verdict.asked = verdict.unlike = 0
                 return list(asked)[-min(since, PROBES) :], True
             return None, False  # the verdict stands
-        if due and (len(asked) >= ASKED_BEFORE_LOAD or now - first >= PROBE_WAIT_SECONDS):
-            return list(asked), False
-        return None, False
+        # Loaded at once: the copy serves the assistant until its walk is judged (_load).
+        return (list(asked), False) if due else (None, False)
+
+    def _keep_probe(self, key: tuple[str, str, str], query: np.ndarray, now: float) -> deque:
+        """The assistant's last questions, this one added (the lock held)."""
+        asked = self._asked.setdefault(key, deque(maxlen=PROBES))
+        asked.append(query)
+        self._asked.move_to_end(key)
+        while len(self._asked) > ASKING_ASSISTANTS:
+            self._first_asked.pop(self._asked.popitem(last=False)[0], None)
+        self._first_asked.setdefault(key, now)
+        return asked
+
+    def _enough_asked(self, key: tuple[str, str, str], asked: int, now: float) -> bool:
+        """Whether an assistant has been asked enough to judge its walk on (the lock held)."""
+        first = self._first_asked.get(key, now)
+        return asked >= ASKED_BEFORE_CHECK or now - first >= PROBE_WAIT_SECONDS
+
+    def _judge_on(
+        self, key: tuple[str, str, str], query: np.ndarray, now: float
+    ) -> list[np.ndarray] | None:
+        """For a copy held before its walk was judged (the lock held): the question kept as a
+        probe, and the questions to judge the walk on once enough were asked and no load or
+        check of the assistant is under way (it is then marked as one)."""
+        asked = self._keep_probe(key, query, now)
+        if key in self._loading or not self._enough_asked(key, len(asked), now):
+            return None
+        self._loading.add(key)
+        return list(asked)
 
     def walked(self, engine: Engine, tenant_id: str, assistant_id: str, best: float) -> None:
         """Told the best cosine the walk found for the question last asked of an assistant
@@ -430,20 +466,24 @@ class VectorMemory:
         recheck: bool = False,
         exact: bool = False,
     ) -> None:
-        """Loads the assistant's copy and checks its walk on the questions asked (with made-up
-        ones, unless this rechecks a standing verdict on the unlike questions' stretch); a copy
-        for exact search is kept unchecked."""
+        """Loads the assistant's copy and, once it has been asked enough questions, checks its
+        walk on them (with made-up ones, unless this rechecks a standing verdict on the unlike
+        questions' stretch); a copy loaded sooner serves unjudged until then (_check), and a
+        copy for exact search is kept unchecked."""
         _, tenant_id, assistant_id = key
         started = time.perf_counter()
+        with self._lock:
+            judge = not exact and (recheck or self._enough_asked(key, len(asked), time.monotonic()))
         try:
             held = load(engine, tenant_id, assistant_id, self.searchable_sql)
             held.exact = exact
+            held.judged = exact or judge
             recall, nearest = (
-                (0.0, [])  # nothing to judge: kept, like a walk that finds nothing
-                if exact
-                else index_recall(
+                index_recall(
                     engine, tenant_id, assistant_id, held, self.walk, asked, made_up=not recheck
                 )
+                if judge
+                else (0.0, [])  # nothing judged: kept, like a walk that finds nothing
             )
         except Exception:
             log.exception("could not hold assistant %s's vectors in memory", assistant_id)
@@ -451,35 +491,93 @@ class VectorMemory:
                 self._loading.discard(key)
                 self._not_before[key] = time.monotonic() + RETRY_SECONDS
             return
-        keep = recall < GOOD_RECALL and held.nbytes <= self.budget_bytes
+        keep = self._settle(key, held, judge, recall, nearest, recheck=recheck)
+        loaded = f"{held.nbytes / 2**20:.1f} MB, loaded in {time.perf_counter() - started:.2f} s"
+        if exact:  # not worth a line at INFO: small assistants are held from their second question
+            log.debug("assistant %s: holding %d vectors (%s)", assistant_id, held.chunks, loaded)
+        elif not judge:
+            log.info(
+                "assistant %s: holding its %d vectors in memory (%s); its vector index is "
+                "checked on the questions to come",
+                assistant_id,
+                held.chunks,
+                loaded,
+            )
+        else:
+            self._log_verdict(assistant_id, held, recall, keep, f"{loaded} and checked", recheck)
+
+    def _check(
+        self, engine: Engine, key: tuple[str, str, str], held: HeldAssistant, asked: list
+    ) -> None:
+        """Checks the walk of an assistant held unjudged on the questions it was asked (and
+        made-up ones): where the walk is good, the copy is dropped and the walk serves."""
+        _, tenant_id, assistant_id = key
+        started = time.perf_counter()
+        try:
+            recall, nearest = index_recall(engine, tenant_id, assistant_id, held, self.walk, asked)
+        except Exception:
+            # Holding is never wrong, only dearer: the copy goes on serving, judged no more.
+            log.exception("could not check assistant %s's vector index", assistant_id)
+            with self._lock:
+                held.judged = True
+                self._loading.discard(key)
+            return
+        keep = self._settle(key, held, True, recall, nearest, loaded=True)
+        checked = f"{held.nbytes / 2**20:.1f} MB, checked in {time.perf_counter() - started:.2f} s"
+        self._log_verdict(assistant_id, held, recall, keep, checked, recheck=False)
+
+    def _settle(
+        self,
+        key: tuple[str, str, str],
+        held: HeldAssistant,
+        judged: bool,
+        recall: float,
+        nearest: list[float],
+        *,
+        recheck: bool = False,
+        loaded: bool = False,
+    ) -> bool:
+        """Records the verdict on a walk judged against the copy, and holds the copy unless the
+        walk was found good (or it no longer fits). A copy that was already held (loaded) is
+        kept only while it still is, and not stale. Returns whether the copy is held."""
+        good = judged and not held.exact and recall >= GOOD_RECALL
         with self._lock:
             self._loading.discard(key)
-            self._held.pop(key, None)
-            if exact:
-                pass  # no walk, no verdict
-            elif recall < GOOD_RECALL:
-                self._index_good.pop(key, None)
-            elif not recheck or key not in self._index_good:
+            if good and (not recheck or key not in self._index_good):
                 self._index_good[key] = Verdict(
                     held.chunks,
                     time.monotonic() + INDEX_VERDICT_SECONDS,
                     near=UNLIKE_SHARE * float(np.median(nearest)) if nearest else 0.0,
                 )
-            if keep:
-                self._make_room(held.nbytes)
-                self._held[key] = held
-        loaded = f"{held.nbytes / 2**20:.1f} MB, loaded in {time.perf_counter() - started:.2f} s"
-        if exact:  # not worth a line at INFO: small assistants are held from their second question
-            log.debug("assistant %s: holding %d vectors (%s)", assistant_id, held.chunks, loaded)
-            return
+            elif judged and not good and not held.exact:
+                self._index_good.pop(key, None)
+            if judged:
+                held.judged = True
+            keep = not good and held.nbytes <= self.budget_bytes
+            if loaded:  # checked where it is held: kept only while it still is, and current
+                still = self._held.get(key) is held
+                keep = keep and still and not held.stale
+                if still and not keep:
+                    del self._held[key]
+            else:
+                self._held.pop(key, None)
+                if keep:
+                    self._make_room(held.nbytes)
+                    self._held[key] = held
+        return keep
+
+    @staticmethod
+    def _log_verdict(
+        assistant_id: str, held: HeldAssistant, recall: float, keep: bool, how: str, recheck: bool
+    ) -> None:
         log.info(
             "assistant %s: its vector index found %.3f of the exact nearest chunks%s: %s",
             assistant_id,
             recall,
             " (checked again: questions unlike those it was judged on)" if recheck else "",
-            f"holding its {held.chunks} vectors in memory ({loaded} and checked)"
+            f"holding its {held.chunks} vectors in memory ({how})"
             if keep
-            else "searched through it",
+            else f"searched through it ({how})",
         )
 
     def _held_bytes(self) -> int:

@@ -40,7 +40,7 @@ def memory(monkeypatch):
     monkeypatch.setattr(indexes, "MAX_SHARE", 0.0)
     monkeypatch.setattr(vector_memory, "RELOAD_SECONDS", 0.0)
     monkeypatch.setattr(vector_memory, "GOOD_RECALL", 1.01)
-    monkeypatch.setattr(vector_memory, "ASKED_BEFORE_LOAD", 1)
+    monkeypatch.setattr(vector_memory, "ASKED_BEFORE_CHECK", 1)
     held = VectorMemory(64 * 2**20, searching.SEARCHABLE, searching.index_walk)
     monkeypatch.setattr(searching, "MEMORY", held)
     searching._sizes.clear()
@@ -318,7 +318,7 @@ async def test_the_index_is_checked_on_the_questions_asked(
 ):
     tenant = "memask-" + uuid.uuid4().hex[:6]
     _, assistant, _, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
-    monkeypatch.setattr(vector_memory, "ASKED_BEFORE_LOAD", 3)
+    monkeypatch.setattr(vector_memory, "ASKED_BEFORE_CHECK", 3)
     monkeypatch.setattr(vector_memory, "PROBES", 3)  # all of them asked, none made up
     walked = []
 
@@ -330,11 +330,52 @@ async def test_the_index_is_checked_on_the_questions_asked(
     questions = ["annual leave", "sick days", "When do unused days expire?"]
     for question in questions[:2]:
         nearest(db, embedder, tenant, assistant, question)
-    assert memory.wait_idle(30) and walked == []  # too few questions yet
+        assert memory.wait_idle(30)
+    # Held from the first question, the walk not judged yet: too few questions.
+    assert walked == [] and served == [False, True]
     held_search(db, embedder, memory, tenant, assistant, questions[2])
     asked = np.array([embedder.embed_query(q) for q in questions], np.float32)
     assert np.allclose(np.array(walked, np.float32), asked, atol=1e-6)
     assert served[-1] is True
+
+
+async def test_a_copy_serves_until_the_walk_is_judged_good(
+    channel, make_key, db, embedder, memory, served, monkeypatch
+):
+    tenant = "memfirst-" + uuid.uuid4().hex[:6]
+    _, assistant, _, _ = await documents(
+        channel, make_key, tenant, ("leave.md", LEAVE), ("kitchen.md", COFFEE)
+    )
+    monkeypatch.setattr(vector_memory, "ASKED_BEFORE_CHECK", 3)
+    monkeypatch.setattr(vector_memory, "GOOD_RECALL", 0.95)  # a walk over a few chunks finds all
+    want = exact(db, embedder, tenant, assistant)
+    assert same(held_search(db, embedder, memory, tenant, assistant), want)
+    assert served == [False, True] and memory.held_bytes() > 0
+    nearest(db, embedder, tenant, assistant, "sick days")  # the third: the walk is judged
+    assert memory.wait_idle(30)
+    assert served[-1] is True and memory.held_bytes() == 0
+    assert same(nearest(db, embedder, tenant, assistant), want)
+    assert served[-1] is False  # the walk serves from now on
+    assert memory.wait_idle(30) and memory.held_bytes() == 0  # and nothing is loaded again
+
+
+async def test_a_check_that_fails_leaves_the_copy_serving(
+    channel, make_key, db, embedder, memory, served, monkeypatch
+):
+    tenant = "memcheckfail-" + uuid.uuid4().hex[:6]
+    _, assistant, _, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
+    monkeypatch.setattr(vector_memory, "ASKED_BEFORE_CHECK", 2)
+
+    def broken(*args):
+        raise RuntimeError("the walk failed")
+
+    memory.walk = broken
+    held_search(db, embedder, memory, tenant, assistant)  # loaded, then checked: it fails
+    assert memory.wait_idle(30)
+    for question in ("sick days", "annual leave"):
+        nearest(db, embedder, tenant, assistant, question)
+        assert memory.wait_idle(30)
+    assert served == [False, True, True, True] and memory.held_bytes() > 0
 
 
 UNRELATED = [
