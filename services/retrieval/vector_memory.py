@@ -14,25 +14,24 @@ questions of each 100k corpus the exact ten nearest were all among the 64 best c
 and clustered vectors, 0.96 of them for real embeddings (where many chunks are exact copies of
 one another, and which copy counts is arbitrary).
 
-So an assistant searched through HNSW (more than search.EXACT_MAX_CHUNKS chunks) is loaded
-into memory, in the background, at its first question, and its searches are answered here
-as soon as the copy is loaded (1.2 s at 100k chunks). Once it has been asked
-ASKED_BEFORE_CHECK questions, its HNSW walk is checked against exact search on them (and on
-questions made from its chunks). Where the walk finds nearly all of the exact nearest
-(embeddings of real documents: 0.996 at 100k chunks), the copy is dropped and HNSW, which is
-faster, serves from then on; where it misses (random vectors: 0.28), the copy goes on
-serving. Loaded only once the questions to judge the walk on had been asked, as before, a
-copy left a new process's first questions to the walk: at 100k random vectors, asked five a
-second, the first 28 found 0.10 of the exact ten (1.00 from the 29th); loaded at once, the
-first 5. The price is a load (about a second of a core per 100k chunks) for a large
-assistant asked only once or twice, which the budget's least recently used order bounds. An
-assistant
-larger than the whole budget (FOOTNOTE_VECTOR_MEMORY_MB; 1M chunks take 385 MB) stays on
-HNSW. A walk judged on some questions can miss on others: an assistant asked about what its
-documents do not hold (nothing near) is walked through a part of the graph it was not judged
-on. So the questions asked after a verdict are watched: one whose walk's best cosine is well
-below those of the questions judged is unlike them, and once UNLIKE_BEFORE_RECHECK of them
-have been asked, the walk is checked again on the questions asked since the first of them.
+So an assistant searched through HNSW (more than search.EXACT_MAX_CHUNKS chunks) is loaded into
+memory, in the background, at its first question, and its searches are answered here as soon as
+the copy is loaded (0.6-0.8 s at 100k chunks). Once it has been asked ASKED_BEFORE_CHECK
+questions, its HNSW walk is checked against exact search on them (and on questions made from
+its chunks). Where the walk finds nearly all of the exact nearest (embeddings of real
+documents: 0.996 at 100k chunks), the copy is dropped and HNSW, which is faster, serves from
+then on; where it misses (random vectors: 0.28), the copy goes on serving. Loaded only once the
+questions to judge the walk on had been asked, as before, a copy left a new process's first
+questions to the walk: at 100k random vectors, asked five a second, the first ten found 0.12 of
+the exact ten, and the copy served from the 29th; loaded at once, from the 5th. The price is a
+load (under a second of a core per 100k chunks) for a large assistant asked only once or twice,
+which the budget's least recently used order bounds. An assistant larger than the whole budget
+(FOOTNOTE_VECTOR_MEMORY_MB; 1M chunks take 385 MB) stays on HNSW. A walk judged on some
+questions can miss on others: an assistant asked about what its documents do not hold (nothing
+near) is walked through a part of the graph it was not judged on. So the questions asked after
+a verdict are watched: one whose walk's best cosine is well below those of the questions judged
+is unlike them, and once UNLIKE_BEFORE_RECHECK of them have been asked, the walk is checked
+again on the questions asked since the first of them.
 
 Written here rather than taken from a vector library because what is the product's own is
 knowing when the copy is still the assistant's: a copy records the version of the assistant's
@@ -56,11 +55,12 @@ while it is held goes to the check like any other.
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 
 # A copy that turned out stale is loaded again at most this often: an assistant whose
 # documents change all the time is searched through Postgres meanwhile, not loaded again
-# after every change (loading 100k chunks takes about a second of a core).
+# after every change (loading 100k chunks takes 0.6-0.8 s of a core).
 RELOAD_SECONDS = 30.0
 # A load that failed is tried again after this long.
 RETRY_SECONDS = 60.0
@@ -120,7 +120,7 @@ UNLIKE_BEFORE_RECHECK = 10
 MAX_RECHECKS = 3
 # Cosines this close are one (float32 in memory, pgvector's own arithmetic in Postgres).
 TIE_TOLERANCE = 1e-5
-# Rows fetched from Postgres per round trip while loading.
+# Rows read from the COPY and coded at a time while loading (about 8 MB of it).
 LOAD_BATCH_ROWS = 5_000
 # Chunks scored from their codes per chunk wanted (at least MIN_CANDIDATES), ranked exactly by
 # Postgres: at 100k random vectors, 2 per chunk took the vector search 3.9 ms, 4 took 4.9, both
@@ -650,8 +650,84 @@ RANKED = """
 """
 
 
-def unit(vector: np.ndarray) -> np.ndarray:
-    return vector / np.linalg.norm(vector)
+def unit(vectors: np.ndarray) -> np.ndarray:
+    """Vectors (a row or rows) of length 1, float32; a zero vector stays zeros."""
+    vectors = np.asarray(vectors, np.float32)
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
+
+
+# PostgreSQL's binary COPY: a signature, flags and the length of a header extension, then
+# each row as its field count and each field's length and bytes, then -1.
+COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+COPY_HEADER = struct.Struct(">11sii")
+
+
+def copied_rows(copy: Iterable[Any]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(ids as (n, 16) uint8, vectors as (n, dim) float32), LOAD_BATCH_ROWS rows at a time,
+    from a binary COPY of (uuid, vector) rows.
+
+    pgvector's binary vector is its dimension, two unused bytes and big-endian float32s, so
+    with one dimension every row has the same length and a batch is read by numpy at once:
+    100k rows took 0.55 s from COPY where psycopg's server-side cursor took 0.85 s to make
+    its rows. A row of another shape (a NULL, a second dimension) raises ValueError."""
+    data = bytearray()
+    rows: np.dtype | None = None
+    for piece in copy:
+        data += piece
+        if rows is None:
+            if len(data) < COPY_HEADER.size + 2 + 4 + 16 + 4 + 2:
+                continue
+            signature, _, extension = COPY_HEADER.unpack_from(data)
+            start = COPY_HEADER.size + extension
+            if signature != COPY_SIGNATURE:
+                raise ValueError("not a binary COPY")
+            if len(data) < start + 2 + 4 + 16 + 4 + 2:
+                continue
+            (dim,) = struct.unpack_from(">h", data, start + 2 + 4 + 16 + 4)
+            rows = copy_row(dim)
+            del data[:start]
+        if len(data) >= LOAD_BATCH_ROWS * rows.itemsize:
+            yield copied(data, rows)
+    if rows is None:
+        if len(data) > COPY_HEADER.size + 2:
+            raise ValueError("a binary COPY of an unexpected shape")
+        return
+    if len(data) >= rows.itemsize:
+        yield copied(data, rows)
+    if bytes(data) != b"\xff\xff":
+        raise ValueError("a binary COPY row of an unexpected shape")
+
+
+def copy_row(dim: int) -> np.dtype:
+    """One (uuid, vector) row of a binary COPY, for vectors of dim dimensions."""
+    return np.dtype(
+        [
+            ("fields", ">i2"),
+            ("id_length", ">i4"),
+            ("id", "u1", 16),
+            ("vector_length", ">i4"),
+            ("dim", ">i2"),
+            ("unused", ">i2"),
+            ("vector", ">f4", dim),
+        ]
+    )
+
+
+def copied(data: bytearray, rows: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The whole rows at the start of data, taken off it."""
+    count = len(data) // rows.itemsize
+    batch = np.frombuffer(data, rows, count=count).copy()
+    dim = rows["vector"].shape[0]
+    if not (
+        (batch["fields"] == 2).all()
+        and (batch["id_length"] == 16).all()
+        and (batch["vector_length"] == 4 + 4 * dim).all()
+        and (batch["dim"] == dim).all()
+    ):
+        raise ValueError("a binary COPY row of an unexpected shape")
+    del data[: count * rows.itemsize]
+    return batch["id"], batch["vector"].astype(np.float32)
 
 
 def unit_rows(sent: list[bytes]) -> np.ndarray:
@@ -661,10 +737,7 @@ def unit_rows(sent: list[bytes]) -> np.ndarray:
     # float32's place and is dropped.
     if not sent:
         return np.zeros((0, 0), np.float32)
-    rows = np.frombuffer(b"".join(sent), ">f4").reshape(len(sent), -1)[:, 1:]
-    rows = rows.astype(np.float32)
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
-    return np.divide(rows, norms, out=np.zeros_like(rows), where=norms > 0)
+    return unit(np.frombuffer(b"".join(sent), ">f4").reshape(len(sent), -1)[:, 1:])
 
 
 def load(engine: Engine, tenant_id: str, assistant_id: str, searchable_sql: str) -> HeldAssistant:
@@ -683,22 +756,20 @@ def load(engine: Engine, tenant_id: str, assistant_id: str, searchable_sql: str)
         pending.clear()
 
     rows = text(
-        "SELECT c.id, vector_send(c.embedding) FROM chunks c"
-        f" JOIN documents d ON d.id = c.document_id WHERE {searchable_sql}"
+        "COPY (SELECT c.id, c.embedding FROM chunks c"
+        f" JOIN documents d ON d.id = c.document_id WHERE {searchable_sql})"
+        " TO STDOUT (FORMAT binary)"
     )
     with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
         digest = digest_of(conn.execute(text(DIGEST), params).one())
-        # psycopg's own server-side cursor, in the snapshot the digest was read in: streamed
-        # through SQLAlchemy (stream_results), 100k rows took 470 MB at the peak, this 25 MB.
+        # Streamed in the snapshot the digest was read in, LOAD_BATCH_ROWS rows at a time.
         sql = str(rows.compile(dialect=conn.dialect))
-        with conn.connection.driver_connection.cursor(name="vector_memory", binary=True) as cur:
-            cur.execute(sql, params)
-            while batch := cur.fetchmany(LOAD_BATCH_ROWS):
-                vectors = unit_rows([r[1] for r in batch])
+        with conn.connection.driver_connection.cursor() as cur, cur.copy(sql, params) as copy:
+            for batch_ids, raw in copied_rows(copy):
+                vectors = unit(raw)
                 keep = vectors.any(axis=1)
                 codes, scale, offset = encode(vectors[keep])
-                batch_ids = np.frombuffer(b"".join(r[0].bytes for r in batch), np.uint8)
-                ids.append(batch_ids.reshape(-1, 16)[keep])
+                ids.append(batch_ids[keep])
                 scales.append(scale)
                 offsets.append(offset)
                 pending.append(codes)

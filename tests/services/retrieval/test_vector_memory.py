@@ -4,6 +4,7 @@ document's, a new document's at once."""
 
 from __future__ import annotations
 
+import struct
 import threading
 import uuid
 
@@ -519,3 +520,46 @@ def test_questions_are_kept_for_the_most_recently_asked_assistants(monkeypatch):
         assert set(memory._first_asked) == set(memory._asked)
     finally:
         memory.close()
+
+
+def binary_copy(rows, dim_of=len) -> bytes:
+    """(uuid, vector) rows as PostgreSQL's binary COPY sends them (None: a NULL vector)."""
+    out = [vector_memory.COPY_HEADER.pack(vector_memory.COPY_SIGNATURE, 0, 0)]
+    for chunk_id, vector in rows:
+        out.append(struct.pack(">hi", 2, 16) + chunk_id.bytes)
+        if vector is None:
+            out.append(struct.pack(">i", -1))
+        else:
+            body = struct.pack(">hh", dim_of(vector), 0) + np.asarray(vector, ">f4").tobytes()
+            out.append(struct.pack(">i", len(body)) + body)
+    return b"".join(out) + struct.pack(">h", -1)
+
+
+@pytest.mark.parametrize("piece", [1, 7, 4096, 10**6])
+def test_a_binary_copy_is_read_in_batches_whatever_its_pieces(monkeypatch, piece):
+    monkeypatch.setattr(vector_memory, "LOAD_BATCH_ROWS", 4)
+    rng = np.random.default_rng(5)
+    rows = [(uuid.uuid4(), rng.standard_normal(3).astype(np.float32)) for _ in range(10)]
+    data = binary_copy(rows)
+    batches = list(
+        vector_memory.copied_rows(data[i : i + piece] for i in range(0, len(data), piece))
+    )
+    ids = np.concatenate([b[0] for b in batches])
+    vectors = np.concatenate([b[1] for b in batches])
+    assert [bytes(i) for i in ids] == [r[0].bytes for r in rows]
+    assert np.array_equal(vectors, np.array([r[1] for r in rows]))
+    # LOAD_BATCH_ROWS at a time as they come in, all at once when they come at once.
+    assert [len(b[0]) for b in batches] == ([4, 4, 2] if piece < 42 else [10])
+    assert list(vector_memory.copied_rows([binary_copy([])])) == []
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [(uuid.uuid4(), [1.0, 0.0]), (uuid.uuid4(), None)],  # a NULL vector
+        [(uuid.uuid4(), [1.0, 0.0]), (uuid.uuid4(), [1.0, 0.0, 0.0])],  # a second dimension
+    ],
+)
+def test_a_binary_copy_of_another_shape_is_refused(rows):
+    with pytest.raises(ValueError, match="unexpected shape"):
+        list(vector_memory.copied_rows([binary_copy(rows)]))
