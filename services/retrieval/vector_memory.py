@@ -507,7 +507,11 @@ class VectorMemory:
             self._log_verdict(assistant_id, held, recall, keep, f"{loaded} and checked", recheck)
 
     def _check(
-        self, engine: Engine, key: tuple[str, str, str], held: HeldAssistant, asked: list
+        self,
+        engine: Engine,
+        key: tuple[str, str, str],
+        held: HeldAssistant,
+        asked: list[np.ndarray],
     ) -> None:
         """Checks the walk of an assistant held unjudged on the questions it was asked (and
         made-up ones): where the walk is good, the copy is dropped and the walk serves."""
@@ -672,10 +676,10 @@ def copied_rows(copy: Iterable[Any]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     100k rows took 0.55 s from COPY where psycopg's server-side cursor took 0.85 s to make
     its rows. A row of another shape (a NULL, a second dimension) raises ValueError."""
     data = bytearray()
-    rows: np.dtype | None = None
+    row: np.dtype | None = None  # once the first row has told the dimension
     for piece in copy:
         data += piece
-        if rows is None:
+        if row is None:
             if len(data) < COPY_HEADER.size + 2 + 4 + 16 + 4 + 2:
                 continue
             signature, _, extension = COPY_HEADER.unpack_from(data)
@@ -685,16 +689,18 @@ def copied_rows(copy: Iterable[Any]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
             if len(data) < start + 2 + 4 + 16 + 4 + 2:
                 continue
             (dim,) = struct.unpack_from(">h", data, start + 2 + 4 + 16 + 4)
-            rows = copy_row(dim)
+            if dim <= 0:  # a NULL's length (-1) in its place, or an empty vector
+                raise ValueError("a binary COPY row of an unexpected shape")
+            row = copy_row(dim)
             del data[:start]
-        if len(data) >= LOAD_BATCH_ROWS * rows.itemsize:
-            yield copied(data, rows)
-    if rows is None:
+        if len(data) >= LOAD_BATCH_ROWS * row.itemsize:
+            yield copied(data, row)
+    if row is None:
         if len(data) > COPY_HEADER.size + 2:
             raise ValueError("a binary COPY of an unexpected shape")
         return
-    if len(data) >= rows.itemsize:
-        yield copied(data, rows)
+    if len(data) >= row.itemsize:
+        yield copied(data, row)
     if bytes(data) != b"\xff\xff":
         raise ValueError("a binary COPY row of an unexpected shape")
 
@@ -714,11 +720,11 @@ def copy_row(dim: int) -> np.dtype:
     )
 
 
-def copied(data: bytearray, rows: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+def copied(data: bytearray, row: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """The whole rows at the start of data, taken off it."""
-    count = len(data) // rows.itemsize
-    batch = np.frombuffer(data, rows, count=count).copy()
-    dim = rows["vector"].shape[0]
+    count = len(data) // row.itemsize
+    batch = np.frombuffer(data, row, count=count).copy()
+    dim = row["vector"].shape[0]
     if not (
         (batch["fields"] == 2).all()
         and (batch["id_length"] == 16).all()
@@ -726,7 +732,7 @@ def copied(data: bytearray, rows: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         and (batch["dim"] == dim).all()
     ):
         raise ValueError("a binary COPY row of an unexpected shape")
-    del data[: count * rows.itemsize]
+    del data[: count * row.itemsize]
     return batch["id"], batch["vector"].astype(np.float32)
 
 

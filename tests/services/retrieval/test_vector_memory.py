@@ -557,6 +557,7 @@ def test_a_binary_copy_is_read_in_batches_whatever_its_pieces(monkeypatch, piece
     "rows",
     [
         [(uuid.uuid4(), [1.0, 0.0]), (uuid.uuid4(), None)],  # a NULL vector
+        [(uuid.uuid4(), None), (uuid.uuid4(), [1.0, 0.0])],  # ... in the first row
         [(uuid.uuid4(), [1.0, 0.0]), (uuid.uuid4(), [1.0, 0.0, 0.0])],  # a second dimension
     ],
 )
