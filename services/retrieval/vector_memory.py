@@ -680,19 +680,20 @@ def copied_rows(copy: Iterable[Any]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     for piece in copy:
         data += piece
         if row is None:
-            if len(data) < COPY_HEADER.size + 2 + 4 + 16 + 4 + 2:
+            if len(data) < COPY_HEADER.size:
                 continue
             signature, _, extension = COPY_HEADER.unpack_from(data)
-            start = COPY_HEADER.size + extension
             if signature != COPY_SIGNATURE:
                 raise ValueError("not a binary COPY")
-            if len(data) < start + 2 + 4 + 16 + 4 + 2:
+            # The first row's dimension, where copy_row places it.
+            dim_at = COPY_HEADER.size + extension + copy_row(1).fields["dim"][1]
+            if len(data) < dim_at + 2:
                 continue
-            (dim,) = struct.unpack_from(">h", data, start + 2 + 4 + 16 + 4)
+            (dim,) = struct.unpack_from(">h", data, dim_at)
             if dim <= 0:  # a NULL's length (-1) in its place, or an empty vector
                 raise ValueError("a binary COPY row of an unexpected shape")
             row = copy_row(dim)
-            del data[:start]
+            del data[: COPY_HEADER.size + extension]
         if len(data) >= LOAD_BATCH_ROWS * row.itemsize:
             yield copied(data, row)
     if row is None:
