@@ -211,6 +211,7 @@ def private_broker(settings) -> Iterator[str]:
     )
     with stack:
         yield stack.endpoints.broker_url
+    shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture

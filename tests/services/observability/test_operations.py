@@ -14,6 +14,7 @@ import gzip
 import io
 import json
 import logging
+import shutil
 import subprocess
 import tempfile
 import uuid
@@ -149,6 +150,7 @@ def broker(settings: Settings) -> Iterator[str]:
     )
     with stack:
         yield stack.endpoints.broker_url
+    shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
