@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -464,7 +465,7 @@ def held(vectors, ids=None) -> HeldAssistant:
     ids = ids or [uuid.uuid4() for _ in vectors]
     raw = np.frombuffer(b"".join(i.bytes for i in ids), np.uint8).reshape(-1, 16)
     codes, scales, offsets = vector_memory.encode(vectors)
-    return HeldAssistant(Digest(0), raw, [np.ascontiguousarray(codes.T)], scales, offsets)
+    return HeldAssistant(Digest(0), raw, [vector_memory.scorer().block(codes)], scales, offsets)
 
 
 def test_codes_keep_the_vectors_within_their_rounding():
@@ -476,7 +477,8 @@ def test_codes_keep_the_vectors_within_their_rounding():
     assert np.abs(codes * scales[:, None] - vectors).max() <= scales.max() / 2 + 1e-7
     # The scores rank as the cosines do, give or take the rounding.
     query = rng.standard_normal(384).astype(np.float32)
-    score = (vector_memory.scores([np.ascontiguousarray(codes.T)], query) - offsets) * scales
+    layout = vector_memory.scorer()
+    score = layout.products([layout.block(codes)], offsets, query) * scales
     cosine = vectors @ (query / np.linalg.norm(query))
     assert np.corrcoef(score, cosine)[0, 1] > 0.999
     assert set(np.argsort(-cosine)[:10]) <= set(np.argsort(-score)[:20])
@@ -493,13 +495,36 @@ def test_the_candidates_are_the_nearest_by_cosine(monkeypatch):
     assert sorted(copy.candidates(np.array([1.0, 0.0]), 10)) == sorted(i.hex for i in ids)
 
 
-def test_blocks_are_scored_in_order():
+@pytest.mark.parametrize("rows", [False, True], ids=["columns", "rows"])
+def test_either_layout_gives_the_exact_products_block_by_block(rows):
+    layout = vector_memory.Scorer(vector_memory._session(rows=rows), rows=rows)
     rng = np.random.default_rng(3)
-    codes = rng.integers(-127, 128, size=(8, 10)).astype(np.int8)
+    codes = rng.integers(-128, 128, size=(10, 8)).astype(np.int8)  # all of int8
+    offsets = 128 * codes.sum(axis=1, dtype=np.int32)
     query = rng.standard_normal(8).astype(np.float32)
-    blocks = [np.ascontiguousarray(codes[:, :4]), np.ascontiguousarray(codes[:, 4:])]
-    whole = vector_memory.scores([np.ascontiguousarray(codes)], query)
-    assert np.array_equal(vector_memory.scores(blocks, query), whole)
+    step = np.abs(query).max() / 127
+    want = codes.astype(np.int32) @ np.round(query / step).astype(np.int32)
+    blocks = [layout.block(codes[:4]), layout.block(codes[4:])]
+    assert layout.dim(blocks[0]) == 8
+    assert np.array_equal(layout.products(blocks, offsets, query), want)
+    assert np.array_equal(layout.products([layout.block(codes)], offsets, query), want)
+
+
+class Slow:
+    """An onnxruntime session that takes 50 ms longer to run."""
+
+    def __init__(self, session):
+        self.session = session
+
+    def run(self, *args):
+        time.sleep(0.05)
+        return self.session.run(*args)
+
+
+def test_the_layout_that_measures_faster_is_chosen():
+    columns, rows = vector_memory._session(rows=False), vector_memory._session(rows=True)
+    assert vector_memory._faster(Slow(columns), rows).rows is True
+    assert vector_memory._faster(columns, Slow(rows)).rows is False
 
 
 def test_a_zero_question_vector_finds_without_failing():
