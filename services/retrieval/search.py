@@ -32,7 +32,7 @@ from services.citations import RetrievedChunk, ScoreKind, SourceLocation, join_h
 from services.db.session import Database, Reader, connection_of, fetch
 from services.futures import discard, read_outcome
 from services.observability.tracing import traced
-from services.retrieval import fusion, indexes
+from services.retrieval import fusion, indexes, vector_memory
 from services.retrieval.fusion import diversify, fuse, normalize_score
 from services.retrieval.table_stats import term_frequencies
 from services.retrieval.vector_memory import DIGEST, VectorMemory, digest_of
@@ -371,12 +371,41 @@ def candidate_limit(top_k: int) -> int:
 
 
 def vector_candidates(
-    s: Reader, tenant_id: str, assistant_id: str, query_vector: Sequence[float], limit: int
+    s: Reader,
+    tenant_id: str,
+    assistant_id: str,
+    query_vector: Sequence[float],
+    limit: int,
+    *,
+    waited: bool = False,
 ) -> list[Row[Any]]:
-    """The nearest chunks by cosine, most similar first."""
+    """The nearest chunks by cosine, most similar first. waited: the question was asked once
+    already, and found the assistant's copy on its way (start_search)."""
+    rows = nearest_unless_coming(
+        s, tenant_id, assistant_id, query_vector, limit, walk=True, waited=waited
+    )
+    assert rows is not None  # only a search that will not walk is told to wait
+    return rows
+
+
+def nearest_unless_coming(
+    s: Reader,
+    tenant_id: str,
+    assistant_id: str,
+    query_vector: Sequence[float],
+    limit: int,
+    *,
+    walk: bool = False,
+    waited: bool = False,
+) -> list[Row[Any]] | None:
+    """vector_candidates; without walk, None instead of a walk of HNSW when the assistant's
+    copy in memory is on its way and worth waiting for (VectorMemory.coming)."""
     size = assistant_size(s, tenant_id, assistant_id)
-    rows = held_candidates(s, tenant_id, assistant_id, size, query_vector, limit)
+    rows = held_candidates(s, tenant_id, assistant_id, size, query_vector, limit, waited=waited)
     path = "memory" if rows is not None else "exact" if size.exact else "index"
+    wait = rows is None and path == "index" and not walk and MEMORY is not None
+    if wait and MEMORY.coming(connection_of(s).engine, tenant_id, assistant_id) is not None:
+        return None
     if rows is None:
         rows = stored_candidates(s, tenant_id, assistant_id, size, query_vector, limit)
         if path == "index" and MEMORY is not None and rows:
@@ -430,14 +459,19 @@ def held_candidates(
     size: AssistantSize,
     query_vector: Sequence[float],
     limit: int,
+    *,
+    waited: bool = False,
 ) -> list[Row[Any]] | None:
     """The nearest chunks by exact search over the assistant's vectors in memory, unordered;
-    None when they are not held (a load is started if they fit) or the copy is stale."""
+    None when they are not held (a load is started if they fit, unless the question waited for
+    one) or the copy is stale."""
     if MEMORY is None:
         return None
     engine = connection_of(s).engine
     query = np.asarray(query_vector, dtype=np.float32)
-    held = MEMORY.get(engine, tenant_id, assistant_id, size.chunks, query, exact=size.exact)
+    held = MEMORY.get(
+        engine, tenant_id, assistant_id, size.chunks, query, exact=size.exact, again=waited
+    )
     if held is None or held.dim != len(query):
         return None
     ids = held.candidates(query, limit)
@@ -758,10 +792,7 @@ def start_search(
     async def nearest() -> list[Row[Any]]:
         vector = await query_vector
         return await traced(
-            "retrieval.vector",
-            db.run_autocommit(
-                lambda conn: vector_candidates(conn, tenant_id, assistant_id, vector, limit)
-            ),
+            "retrieval.vector", served_candidates(db, tenant_id, assistant_id, vector, limit)
         )
 
     # The full-text query is handed to its thread first. With the vector already known (a
@@ -786,6 +817,31 @@ def start_search(
         return rank(vector_rows, (await lexical).rows, top_k, score_threshold)
 
     return Search(lexical, asyncio.ensure_future(chunks()))
+
+
+async def served_candidates(
+    db: Database, tenant_id: str, assistant_id: str, vector: Sequence[float], limit: int
+) -> list[Row[Any]]:
+    """vector_candidates as a question is served: one that finds the assistant's copy on its
+    way waits for it (`copy_loaded`) rather than walk the HNSW index, and asks again."""
+    found = await db.run_autocommit(
+        lambda conn: nearest_unless_coming(conn, tenant_id, assistant_id, vector, limit)
+    )
+    if found is not None:
+        return found
+    await copy_loaded(db, tenant_id, assistant_id)
+    return await db.run_autocommit(
+        lambda conn: vector_candidates(conn, tenant_id, assistant_id, vector, limit, waited=True)
+    )
+
+
+async def copy_loaded(db: Database, tenant_id: str, assistant_id: str) -> None:
+    """Returns once the load under way of the assistant's copy has ended, or after
+    vector_memory.WAIT_SECONDS, whichever comes first; a failed load is the loader's to log."""
+    coming = None if MEMORY is None else MEMORY.coming(db.engine, tenant_id, assistant_id)
+    if coming is not None:
+        # asyncio.wait neither raises the load's outcome nor cancels it at the timeout.
+        await asyncio.wait({asyncio.wrap_future(coming)}, timeout=vector_memory.WAIT_SECONDS)
 
 
 def to_retrieved(r: Row[Any], score: float) -> RetrievedChunk:

@@ -4,6 +4,7 @@ document's, a new document's at once."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import threading
 import time
@@ -359,6 +360,86 @@ async def test_a_copy_serves_until_the_walk_is_judged_good(
     assert same(nearest(db, embedder, tenant, assistant), want)
     assert served[-1] is False  # the walk serves from now on
     assert memory.wait_idle(30) and memory.held_bytes() == 0  # and nothing is loaded again
+
+
+async def searched(db, embedder, tenant, assistant, question=QUESTION):
+    """The chunk ids a hybrid search finds as an answer starts one (start_search)."""
+    vector = asyncio.get_running_loop().create_future()
+    vector.set_result(embedder.embed_query(question))
+    search = searching.start_search(
+        db, tenant_id=tenant, assistant_id=assistant, query=question, query_vector=vector, top_k=8
+    )
+    return [c.chunk_id for c in await search.chunks]
+
+
+async def test_a_first_question_waits_for_the_copy_on_its_way(
+    channel, make_key, db, embedder, memory, served, monkeypatch
+):
+    tenant = "memwait-" + uuid.uuid4().hex[:6]
+    _, assistant, _, _ = await documents(
+        channel, make_key, tenant, ("leave.md", LEAVE), ("kitchen.md", COFFEE)
+    )
+    told = []
+    monkeypatch.setattr(searching, "ON_VECTOR_SEARCH", told.append)
+    found = await searched(db, embedder, tenant, assistant)
+    # Not held when asked: the question started the load, waited for it, and was answered
+    # from the copy instead of walking the index.
+    assert served == [False, True] and told == ["memory"]
+    assert memory.coming(db.engine, tenant, assistant) is None
+    assert found == await searched(db, embedder, tenant, assistant)
+    assert served[-1] is True and told == ["memory", "memory"]
+
+
+async def test_a_slow_load_is_waited_for_only_so_long(
+    channel, make_key, db, embedder, memory, served, monkeypatch
+):
+    tenant = "memslow-" + uuid.uuid4().hex[:6]
+    _, assistant, _, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
+    gate = threading.Event()
+    real_load = vector_memory.load
+
+    def gated(*args):
+        assert gate.wait(30)
+        return real_load(*args)
+
+    monkeypatch.setattr(vector_memory, "load", gated)
+    monkeypatch.setattr(vector_memory, "WAIT_SECONDS", 0.2)
+    told = []
+    monkeypatch.setattr(searching, "ON_VECTOR_SEARCH", told.append)
+    try:
+        found = await searched(db, embedder, tenant, assistant)
+        # The wait ran out: the question walked the index, and the load goes on.
+        assert told == ["index"] and served == [False, False]
+        assert memory.coming(db.engine, tenant, assistant) is not None
+    finally:
+        gate.set()
+    assert memory.wait_idle(30) and memory.coming(db.engine, tenant, assistant) is None
+    assert found == await searched(db, embedder, tenant, assistant)
+    assert told[-1] == "memory"
+
+
+async def test_a_walk_found_good_is_not_waited_for(
+    channel, make_key, db, embedder, memory, served, monkeypatch
+):
+    tenant = "memnowait-" + uuid.uuid4().hex[:6]
+    _, assistant, _, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
+    monkeypatch.setattr(vector_memory, "GOOD_RECALL", 0.95)  # a walk over a few chunks finds all
+    await searched(db, embedder, tenant, assistant)
+    assert memory.wait_idle(30) and memory.held_bytes() == 0  # judged good: not held
+    [verdict] = memory._index_good.values()
+    verdict.until = 0.0  # lapsed: the next question loads the copy to judge the walk again
+    gate = threading.Event()
+    real_load = vector_memory.load
+    monkeypatch.setattr(vector_memory, "load", lambda *args: gate.wait(30) and real_load(*args))
+    told = []
+    monkeypatch.setattr(searching, "ON_VECTOR_SEARCH", told.append)
+    try:
+        await searched(db, embedder, tenant, assistant)
+        assert told == ["index"]  # walked at once, not waiting for the load under way
+        assert memory.coming(db.engine, tenant, assistant) is None
+    finally:
+        gate.set()
+    assert memory.wait_idle(30)
 
 
 async def test_a_check_that_fails_leaves_the_copy_serving(
