@@ -253,8 +253,9 @@ def machine() -> str:
     """The cores (those the server would use: its affinity and a container's CPU limit) and
     the vector instructions a run measured on. onnxruntime's 8-bit products (a question's
     embedding, the scores of vectors held in memory) took 2 to 4.5 times as long on AVX2
-    cores as on AVX-512 cores with VNNI, so figures compare only between runs whose line
-    says the same."""
+    cores as on AVX-512 cores with VNNI, and on cores with AMX its products of a dynamic
+    operand repack it at every call (vector_memory.Scorer), so figures compare only between
+    runs whose line says the same."""
     from services.config import available_cpus
 
     model, flags = "an unknown CPU", set()
@@ -266,7 +267,9 @@ def machine() -> str:
             elif key.strip() == "flags":
                 flags = set(value.split())
                 break
-    if "avx512_vnni" in flags:
+    if "amx_int8" in flags:
+        vector = "AVX-512 with VNNI and AMX"
+    elif "avx512_vnni" in flags:
         vector = "AVX-512 with VNNI"
     elif "avx_vnni" in flags:
         vector = "AVX2 with VNNI"
