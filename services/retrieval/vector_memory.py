@@ -255,10 +255,10 @@ class Scorer:
     - rows: a block's codes plus 128 chunk by chunk (A, uint8 [m, dim]) times the question's
       codes (B, int8 [dim, 1]), less 128 times the sum of the question's codes.
 
-    Which is faster depends on the CPU, so the process measures both (`scorer`). On AVX2 and
-    AVX-512 cores the columns took 1.7-1.8 ms per 98,304 chunks. On cores with AMX (Xeons of
-    2023 on) onnxruntime's kernel repacks its B at every call: the columns took 10.6-11.7 ms
-    there, the rows 3.1-4.7 ms.
+    Both give the same products; which is faster depends on the CPU, so the process measures
+    both (`scorer`). On AVX2 and AVX-512 cores the columns took 1.7-1.8 ms per 98,304 chunks.
+    On a Xeon with AMX onnxruntime's kernel repacks its B at every call: the columns took
+    10.6-11.7 ms there, the rows 3.1-4.7 ms.
     """
 
     session: onnxruntime.InferenceSession
@@ -302,6 +302,8 @@ _scorer: Scorer | None = None
 def scorer() -> Scorer:
     """The layout this machine scores faster, measured at the first call."""
     global _scorer
+    if _scorer is not None:
+        return _scorer
     with _scorer_lock:
         if _scorer is None:
             _scorer = _faster(_session(rows=False), _session(rows=True))
