@@ -101,6 +101,19 @@ def held_search(db, embedder, memory, tenant, assistant, question=QUESTION):
     return nearest(db, embedder, tenant, assistant, question)
 
 
+def gated_loads(monkeypatch) -> threading.Event:
+    """Makes every load of a copy wait until the returned event is set (at most 30 s)."""
+    gate = threading.Event()
+    real_load = vector_memory.load
+
+    def gated(*args):
+        assert gate.wait(30)
+        return real_load(*args)
+
+    monkeypatch.setattr(vector_memory, "load", gated)
+    return gate
+
+
 async def documents(channel, make_key, tenant, *files):
     key = make_key(tenant)
     assistant = await make_assistant(channel, key)
@@ -205,14 +218,7 @@ async def test_a_stale_copy_is_dropped_before_its_replacement_is_loaded(
     held_search(db, embedder, memory, tenant, assistant)
     assert memory.held() == (memory.held_bytes(), 1) and memory.held_bytes() > 0
 
-    gate = threading.Event()
-    real_load = vector_memory.load
-
-    def gated(*args):
-        assert gate.wait(30)
-        return real_load(*args)
-
-    monkeypatch.setattr(vector_memory, "load", gated)
+    gate = gated_loads(monkeypatch)
     await ingest(stub, key, assistant, "travel.md", THIRD)
     nearest(db, embedder, tenant, assistant)  # finds the copy stale
     nearest(db, embedder, tenant, assistant)  # starts the load of a fresh one
@@ -395,14 +401,7 @@ async def test_a_slow_load_is_waited_for_only_so_long(
 ):
     tenant = "memslow-" + uuid.uuid4().hex[:6]
     _, assistant, _, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
-    gate = threading.Event()
-    real_load = vector_memory.load
-
-    def gated(*args):
-        assert gate.wait(30)
-        return real_load(*args)
-
-    monkeypatch.setattr(vector_memory, "load", gated)
+    gate = gated_loads(monkeypatch)
     monkeypatch.setattr(vector_memory, "WAIT_SECONDS", 0.2)
     told = []
     monkeypatch.setattr(searching, "ON_VECTOR_SEARCH", told.append)
@@ -428,9 +427,7 @@ async def test_a_walk_found_good_is_not_waited_for(
     assert memory.wait_idle(30) and memory.held_bytes() == 0  # judged good: not held
     [verdict] = memory._index_good.values()
     verdict.until = 0.0  # lapsed: the next question loads the copy to judge the walk again
-    gate = threading.Event()
-    real_load = vector_memory.load
-    monkeypatch.setattr(vector_memory, "load", lambda *args: gate.wait(30) and real_load(*args))
+    gate = gated_loads(monkeypatch)
     told = []
     monkeypatch.setattr(searching, "ON_VECTOR_SEARCH", told.append)
     try:
