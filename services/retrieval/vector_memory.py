@@ -8,7 +8,7 @@ the assistant's rows one by one (about 100 ms at 100k chunks). Held in memory as
 (a scale per vector), the same 100k chunks of 384 dimensions are scored in about 1.8 ms on one
 core (onnxruntime's MatMulInteger, which the embedding model already brings; numpy's float32 product
 took 4.5 ms and four times the memory, its 8-bit one 30 ms), 3.1-4.7 ms on cores with AMX
-(`Scorer`). The best CANDIDATES_PER_RESULT
+(`Scorer`), and there 2.3 ms on two threads (SCAN_THREADS). The best CANDIDATES_PER_RESULT
 times the wanted count are then ranked by Postgres on their stored vectors, in the statement
 that reads their rows: the cosines are pgvector's own, as exact search gives them. On 50
 questions of each 100k corpus the exact ten nearest were all among the 64 best codes for random
@@ -65,7 +65,7 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -74,6 +74,8 @@ from onnx import TensorProto, helper
 from pgvector import Vector
 from sqlalchemy import Engine, Row, text
 from sqlalchemy.orm import Session
+
+from services.config import available_cpus
 
 log = logging.getLogger(__name__)
 
@@ -245,10 +247,9 @@ def encode(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class Scorer:
-    """Products of a question's 8-bit codes with a copy's, by onnxruntime's MatMulInteger on
-    one thread (a search's other work, Postgres's full-text query, has the other core), uint8
-    by int8, the product it computes fast (int8 by int8 took 20 times as long, a zero point of
-    128 given to the operator 2.5 times). The codes are held in one of two layouts:
+    """Products of a question's 8-bit codes with a copy's, by onnxruntime's MatMulInteger,
+    uint8 by int8, the product it computes fast (int8 by int8 took 20 times as long, a zero
+    point of 128 given to the operator 2.5 times). The codes are held in one of two layouts:
 
     - columns: the question's codes plus 128 (A, uint8 [1, dim]) times a block's codes column
       by column (B, int8 [dim, m]), less each chunk's offset, 128 times the sum of its codes;
@@ -259,10 +260,14 @@ class Scorer:
     both (`scorer`). On AVX2 and AVX-512 cores the columns took 1.7-1.8 ms per 98,304 chunks.
     On a Xeon with AMX onnxruntime's kernel repacks its B at every call: the columns took
     10.6-11.7 ms there, the rows 3.1-4.7 ms.
+
+    A copy of WIDE_MIN_CHUNKS or more is scored by `wide`, the same product on SCAN_THREADS
+    threads, which onnxruntime splits chunk by chunk (`_session`).
     """
 
     session: onnxruntime.InferenceSession
     rows: bool
+    wide: onnxruntime.InferenceSession | None = None
 
     def block(self, codes: np.ndarray) -> np.ndarray:
         """Chunks' int8 codes, a chunk a row, as a block of this layout."""
@@ -281,12 +286,14 @@ class Scorer:
         peak = float(np.abs(query).max())
         step = peak / 127 if peak > 0 else 1.0
         codes = np.round(query / step)
+        wide = self.wide is not None and len(offsets) >= WIDE_MIN_CHUNKS
+        session = self.wide if wide else self.session
         if self.rows:
             b = codes.astype(np.int8)[:, None]
-            run = [self.session.run(None, {"A": block, "B": b})[0][:, 0] for block in blocks]
+            run = [session.run(None, {"A": block, "B": b})[0][:, 0] for block in blocks]
             return np.concatenate(run) - 128 * int(codes.sum())
         a = (codes + 128).astype(np.uint8)[None, :]
-        run = [self.session.run(None, {"A": a, "B": block})[0][0] for block in blocks]
+        run = [session.run(None, {"A": a, "B": block})[0][0] for block in blocks]
         return np.concatenate(run) - offsets
 
 
@@ -294,6 +301,15 @@ class Scorer:
 # layout's best of SCORER_TRIALS runs: about 40 ms at a process's first load.
 SCORER_TRIAL_CHUNKS = 16_384
 SCORER_TRIALS = 5
+# A copy of at least WIDE_MIN_CHUNKS chunks is scored on SCAN_THREADS threads, the products
+# being the longest step of its search after the question's embedding. On a Xeon with AMX,
+# 98,304 chunks in the rows layout took 2.3 ms p50 on two threads against 5.4 ms on one, and
+# less CPU (4.0 against 5.6 ms: each core waits less on memory). Onnxruntime splits even a
+# small product between its threads; waking the second for a copy of a few thousand chunks
+# (a fraction of a millisecond on one) costs about what it saves. Beyond two threads a
+# search would take cores from the other questions being answered beside it.
+WIDE_MIN_CHUNKS = BLOCK_CHUNKS
+SCAN_THREADS = min(2, available_cpus())
 
 _scorer_lock = threading.Lock()
 _scorer: Scorer | None = None
@@ -306,7 +322,11 @@ def scorer() -> Scorer:
         return _scorer
     with _scorer_lock:
         if _scorer is None:
-            _scorer = _faster(_session(rows=False), _session(rows=True))
+            chosen = _faster(_session(rows=False), _session(rows=True))
+            if SCAN_THREADS > 1:
+                wide = _session(rows=chosen.rows, threads=SCAN_THREADS)
+                chosen = replace(chosen, wide=wide)
+            _scorer = chosen
         return _scorer
 
 
@@ -334,8 +354,9 @@ def _faster(columns: onnxruntime.InferenceSession, rows: onnxruntime.InferenceSe
     return layouts[chosen]
 
 
-def _session(*, rows: bool) -> onnxruntime.InferenceSession:
-    """A one-node graph, MatMulInteger of the layout's A and B."""
+def _session(*, rows: bool, threads: int = 1) -> onnxruntime.InferenceSession:
+    """A one-node graph, MatMulInteger of the layout's A and B, on this many threads (their
+    idle ones sleep: the process also serves gRPC)."""
     if rows:
         a = helper.make_tensor_value_info("A", TensorProto.UINT8, ["chunks", "dim"])
         b = helper.make_tensor_value_info("B", TensorProto.INT8, ["dim", 1])
@@ -350,8 +371,9 @@ def _session(*, rows: bool) -> onnxruntime.InferenceSession:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8  # what onnxruntime releases of a year ago read
     options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return onnxruntime.InferenceSession(
         model.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )

@@ -588,6 +588,46 @@ def test_either_layout_gives_the_exact_products_block_by_block(rows):
     assert np.array_equal(layout.products([layout.block(codes)], offsets, query), want)
 
 
+@pytest.mark.parametrize("rows", [False, True], ids=["columns", "rows"])
+def test_two_threads_give_the_products_one_gives(rows):
+    one = vector_memory.Scorer(vector_memory._session(rows=rows), rows=rows)
+    two = vector_memory.Scorer(vector_memory._session(rows=rows, threads=2), rows=rows)
+    rng = np.random.default_rng(5)
+    codes = rng.integers(-127, 128, size=(20_000, 384)).astype(np.int8)  # worth splitting
+    offsets = 128 * codes.sum(axis=1, dtype=np.int32)
+    query = rng.standard_normal(384).astype(np.float32)
+    blocks = [one.block(codes[:16_384]), one.block(codes[16_384:])]
+    want = one.products(blocks, offsets, query)
+    assert np.array_equal(two.products(blocks, offsets, query), want)
+
+
+class Counted:
+    """An onnxruntime session that counts its runs."""
+
+    def __init__(self, session):
+        self.session = session
+        self.runs = 0
+
+    def run(self, *args):
+        self.runs += 1
+        return self.session.run(*args)
+
+
+def test_only_a_large_copy_is_scored_on_the_wide_session(monkeypatch):
+    monkeypatch.setattr(vector_memory, "WIDE_MIN_CHUNKS", 3)
+    narrow = Counted(vector_memory._session(rows=True))
+    wide = Counted(vector_memory._session(rows=True, threads=2))
+    layout = vector_memory.Scorer(narrow, rows=True, wide=wide)
+    codes = np.arange(-8, 8, dtype=np.int8).reshape(4, 4)
+    offsets = 128 * codes.sum(axis=1, dtype=np.int32)
+    query = np.ones(4, np.float32)
+    layout.products([layout.block(codes[:2])], offsets[:2], query)
+    assert (narrow.runs, wide.runs) == (1, 0)
+    products = layout.products([layout.block(codes[:2]), layout.block(codes[2:])], offsets, query)
+    assert (narrow.runs, wide.runs) == (1, 2)
+    assert np.array_equal(products, codes.astype(np.int32).sum(axis=1) * 127)
+
+
 class Slow:
     """An onnxruntime session that takes 50 ms longer to run."""
 
