@@ -23,10 +23,11 @@ each figure is the median of the rounds. Each round also measures the machine's 
 for that ratio: the local model's largest float32 product (a 256-token chunk's 384 by 1,536
 MatMul) run by onnxruntime on one thread in one and in two processes, with nothing of
 Footnote's around it. Two cores of a shared host need not give twice one core's work: on a
-Xeon guest the same two products gave 1.67 to 2.08x in one hour, and ingestion there can
-scale no better than its products. The machine may be shared: "other load" is how many
-CPUs' worth of time other processes used during the PDF / text measurement (psutil.cpu_times),
-because two processes cannot reach 2x on two cores that something else is also using. The
+Xeon guest that product gave 1.67 to 2.08x for two processes against one within an hour,
+and ingestion, 98% embedding, scales no better than its products. The machine may be
+shared: "other load" is how many CPUs' worth of time other processes used during the PDF /
+text measurement (psutil.cpu_times), because two processes cannot reach 2x on two cores that
+something else is also using. The
 units per CPU-second of the benchmark's own processes (the last two columns) do not depend on
 that load: when they drop with two processes, the processes' threads are fighting over the cores.
 """

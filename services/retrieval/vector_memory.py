@@ -8,7 +8,7 @@ the assistant's rows one by one (about 100 ms at 100k chunks). Held in memory as
 (a scale per vector), the same 100k chunks of 384 dimensions are scored in about 1.8 ms on one
 core (onnxruntime's MatMulInteger, which the embedding model already brings; numpy's float32 product
 took 4.5 ms and four times the memory, its 8-bit one 30 ms), 3.1-4.7 ms on cores with AMX
-(`Scorer`), and there 2.3 ms on two threads (SCAN_THREADS). The best CANDIDATES_PER_RESULT
+(`Scorer`), and there 2.3-3.5 ms on two threads (SCAN_THREADS). The best CANDIDATES_PER_RESULT
 times the wanted count are then ranked by Postgres on their stored vectors, in the statement
 that reads their rows: the cosines are pgvector's own, as exact search gives them. On 50
 questions of each 100k corpus the exact ten nearest were all among the 64 best codes for random
@@ -302,13 +302,19 @@ class Scorer:
 SCORER_TRIAL_CHUNKS = 16_384
 SCORER_TRIALS = 5
 # A copy of at least WIDE_MIN_CHUNKS chunks is scored on SCAN_THREADS threads, the products
-# being the longest step of its search after the question's embedding. On a Xeon with AMX,
-# 98,304 chunks in the rows layout took 2.3 ms p50 on two threads against 5.4 ms on one, and
-# less CPU (4.0 against 5.6 ms: each core waits less on memory). Onnxruntime splits even a
-# small product between its threads; waking the second for a copy of a few thousand chunks
-# (a fraction of a millisecond on one) costs about what it saves. Beyond two threads a
-# search would take cores from the other questions being answered beside it.
-WIDE_MIN_CHUNKS = BLOCK_CHUNKS
+# being the longest step of its search after the question's embedding. On a Xeon with AMX, in
+# the rows layout, per question (p50 of runs in turn, one thread against two):
+#   chunks   wall (ms)        CPU (ms)
+#   5,000    0.22 -> 0.16     0.23 -> 0.26
+#   16,384   0.60 -> 0.50     0.64 -> 0.90
+#   32,768   1.24 -> 0.92     1.34 -> 1.60
+#   65,536   2.62 -> 2.04     2.82 -> 3.62
+#   98,304   4.97 -> 3.51     4.95 -> 6.51   (in another hour 5.43 -> 2.33 and 5.56 -> 3.96)
+# and in a search at 100k chunks, its codes no longer in the cache, 6.61 -> 3.84 ms. Smaller
+# copies stay on one thread, where the second saves a fraction of a millisecond for a third
+# more CPU. Beyond two threads a search would take cores from the other questions being
+# answered beside it.
+WIDE_MIN_CHUNKS = 4 * BLOCK_CHUNKS
 SCAN_THREADS = min(2, available_cpus())
 
 _scorer_lock = threading.Lock()
