@@ -33,6 +33,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,10 +113,11 @@ async def main():
     await server.wait_for_termination()
 asyncio.run(main())
 """
-    path = Path(f"/tmp/fnbench-bare-{port}.py")
-    path.write_text(code)
-    with process([sys.executable, str(path)], port):
-        yield f"127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory(prefix="fnbench-bare-") as directory:
+        path = Path(directory) / "bare.py"
+        path.write_text(code)
+        with process([sys.executable, str(path)], port):
+            yield f"127.0.0.1:{port}"
 
 
 def baseline_database(url: str, tree: Path) -> str:

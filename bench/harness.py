@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,11 +37,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_port(port: int, limit: float = 60.0) -> None:
+def wait_port(port: int, limit: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    """Returns once something listens on port; raises if nothing does within limit seconds,
+    or as soon as proc, the process that should listen, has exited."""
     until = time.monotonic() + limit
     while time.monotonic() < until:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
             return
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[:3]} exited with code {proc.returncode}")
         time.sleep(0.1)
     raise TimeoutError(f"nothing listening on {port}")
 
@@ -75,19 +80,29 @@ def wait_settled(pid: int, limit: float = 120.0) -> None:
 def process(
     args: list[str], port: int, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> Iterator[int]:
-    """A child process serving on port; stopped (SIGTERM, then SIGKILL) on exit."""
+    """A child process serving on port; stopped (SIGTERM, then SIGKILL) on exit. Its output
+    goes to a file in the temporary directory, removed once the child was stopped unless the
+    run failed or the child had exited by itself, when its path is printed instead."""
     from devstack.processes import terminate
 
-    log = open(f"/tmp/fnbench-{Path(args[1]).stem}-{port}.log", "w")  # noqa: SIM115
+    name = args[2] if args[1] == "-m" else Path(args[1]).stem  # python -m footnote.cli
+    log_path = Path(tempfile.gettempdir()) / f"fnbench-{name}-{port}.log"
+    log = log_path.open("w")
     proc = subprocess.Popen(
         args, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, cwd=cwd
     )
+    kept = True
     try:
-        wait_port(port)
+        wait_port(port, proc=proc)
         yield proc.pid
+        kept = proc.poll() is not None
     finally:
         terminate(proc, grace=10)
         log.close()
+        if kept:
+            print(f"{name} (port {port}): its output is in {log_path}", file=sys.stderr)
+        else:
+            log_path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
