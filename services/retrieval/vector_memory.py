@@ -311,7 +311,7 @@ SCORER_TRIALS = 5
 #   65,536   2.62 -> 2.04     2.82 -> 3.62
 #   98,304   4.97 -> 3.51     4.95 -> 6.51   (in another hour 5.43 -> 2.33 and 5.56 -> 3.96)
 # and in a search at 100k chunks, its codes no longer in the cache, 6.61 -> 3.84 ms. Smaller
-# copies stay on one thread, where the second saves a fraction of a millisecond for a third
+# copies stay on one thread, where the second saves at most a third of a millisecond for 13-40%
 # more CPU. Beyond two threads a search would take cores from the other questions being
 # answered beside it.
 WIDE_MIN_CHUNKS = 4 * BLOCK_CHUNKS
