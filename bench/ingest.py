@@ -160,38 +160,32 @@ def ceiling_child(barrier, results) -> None:
     results.put(runs / (time.monotonic() - start))
 
 
-def ceiling(processes: int) -> float:
-    """The float32 products per second of this many one-thread processes together."""
+def together(target, args: tuple, processes: int, each: int, timeout: float) -> list:
+    """Runs target(*args, barrier, results) in this many spawned processes, which start their
+    work together at the barrier; the `each` results every one of them puts, once all have
+    exited. A process that fails ends the benchmark."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(processes)
     results = ctx.Queue()
-    procs = [ctx.Process(target=ceiling_child, args=(barrier, results)) for _ in range(processes)]
+    procs = [ctx.Process(target=target, args=(*args, barrier, results)) for _ in range(processes)]
     for p in procs:
         p.start()
-    rates = [results.get(timeout=300) for _ in procs]
+    rows = [results.get(timeout=timeout) for _ in range(processes * each)]
     for p in procs:
         p.join()
         if p.exitcode != 0:
             sys.exit(f"a benchmark process failed with exit code {p.exitcode}")
-    return sum(rates)
+    return rows
+
+
+def ceiling(processes: int) -> float:
+    """The float32 products per second of this many one-thread processes together."""
+    return sum(together(ceiling_child, (), processes, 1, timeout=300))
 
 
 def measure(directory: str, processes: int, threads: int, docs: int) -> dict[str, float]:
     """Units per second of each kind with this many processes at this thread count."""
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(processes)
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(target=child, args=(directory, threads, docs, barrier, results))
-        for _ in range(processes)
-    ]
-    for p in procs:
-        p.start()
-    rows = [results.get(timeout=900) for _ in range(processes * len(INPUTS))]
-    for p in procs:
-        p.join()
-        if p.exitcode != 0:
-            sys.exit(f"a benchmark process failed with exit code {p.exitcode}")
+    rows = together(child, (directory, threads, docs), processes, len(INPUTS), timeout=900)
     rates = {}
     for kind, _, _ in INPUTS:
         mine = [r for r in rows if r[0] == kind]
