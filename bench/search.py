@@ -470,6 +470,11 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
             found = []
             for assistant, qs, label, truth in sets:
                 if current.MEMORY is not None:
+                    # A check the set before started (its copy judged at its first measured
+                    # question) ends first: asked while it ran, the next set's first questions
+                    # found no verdict yet to count them unlike, and the check they were to
+                    # start began halfway through the measured ones.
+                    current.MEMORY.wait_idle(600)
                     # As many questions as the check of the walk waits for (then judged).
                     asked = vector_memory.ASKED_BEFORE_CHECK
                     recall(db, c.tenant_id, assistant, qs[:asked], truth[:asked], ef)
