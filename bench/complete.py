@@ -41,7 +41,16 @@ from pathlib import Path
 import corpus
 import grpc
 import psycopg
-from harness import ROOT, footnote_server, free_port, host_steal, loop_option, machine, process
+from harness import (
+    CALL_SECONDS,
+    ROOT,
+    footnote_server,
+    free_port,
+    host_steal,
+    loop_option,
+    machine,
+    process,
+)
 
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import chat_service_pb2_grpc as pb_grpc
@@ -149,7 +158,7 @@ async def load(target: str, requests: list[pb.CompleteRequest], concurrency: int
     async with grpc.aio.insecure_channel(target) as channel:
         stub = pb_grpc.ChatServiceStub(channel)
         for r in requests[:WARM_UP]:
-            await stub.Complete(r, metadata=metadata)
+            await stub.Complete(r, metadata=metadata, timeout=CALL_SECONDS)
         queue = list(requests[WARM_UP:])
         errors = 0
 
@@ -157,7 +166,7 @@ async def load(target: str, requests: list[pb.CompleteRequest], concurrency: int
             nonlocal errors
             while queue:
                 try:
-                    await stub.Complete(queue.pop(), metadata=metadata)
+                    await stub.Complete(queue.pop(), metadata=metadata, timeout=CALL_SECONDS)
                 except grpc.aio.AioRpcError:
                     errors += 1
 
@@ -225,7 +234,7 @@ async def main() -> None:
             }
             async with grpc.aio.insecure_channel(next(iter(servers.values()))) as channel:
                 sample = await pb_grpc.ChatServiceStub(channel).Complete(
-                    sample_request, metadata=metadata
+                    sample_request, metadata=metadata, timeout=CALL_SECONDS
                 )
             env = {"PYTHONPATH": str(tree)}
             servers = {

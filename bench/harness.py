@@ -29,6 +29,10 @@ sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent
 
 WORD = "word "
+# Every call a bench makes has this deadline: a server that stops answering (a bug under
+# measurement, say) fails the call with DEADLINE_EXCEEDED instead of holding `make bench` for
+# ever. The longest calls, 1,000 streams on two busy cores, end within a minute.
+CALL_SECONDS = 300.0
 
 
 def free_port() -> int:

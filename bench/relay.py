@@ -31,6 +31,7 @@ from collections import Counter
 import corpus
 import grpc
 from harness import (
+    CALL_SECONDS,
     echo,
     footnote_server,
     loop_option,
@@ -53,7 +54,7 @@ async def one_stream(stub, request, metadata):
     began = time.perf_counter()
     stamps = []
     chars = 0
-    async for message in stub.StreamComplete(request, metadata=metadata):
+    async for message in stub.StreamComplete(request, metadata=metadata, timeout=CALL_SECONDS):
         if message.HasField("delta"):
             stamps.append(time.perf_counter())
             chars += len(message.delta.content)

@@ -59,7 +59,7 @@ import aiohttp
 import corpus
 import grpc
 from complete import main_tree
-from harness import footnote_server, machine, percentile, upstream
+from harness import CALL_SECONDS, footnote_server, machine, percentile, upstream
 
 from footnote.v1 import chat_service_pb2 as pb
 from footnote.v1 import chat_service_pb2_grpc as pb_grpc
@@ -91,7 +91,7 @@ async def footnote_first_delta(stub, request, metadata) -> tuple[float, int, int
     called = time.time_ns()
     began = time.perf_counter()
     first = None
-    async for event in stub.StreamComplete(request, metadata=metadata):
+    async for event in stub.StreamComplete(request, metadata=metadata, timeout=CALL_SECONDS):
         if first is None and event.WhichOneof("event") == "delta":
             first = time.perf_counter() - began
             arrived = time.time_ns()
