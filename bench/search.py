@@ -280,6 +280,17 @@ def truths(db, tenant_id, assistant_id, questions):
 TIE = 1e-6
 
 
+SETTLE_SECONDS = 600
+
+
+def settled(memory) -> None:
+    """Returns once the copies' loads and checks of the walk under way have ended; a set
+    measured while one still ran would count the wrong questions, so a check that outlasts
+    SETTLE_SECONDS stops the bench rather than skew its recall."""
+    if not memory.wait_idle(SETTLE_SECONDS):
+        raise RuntimeError(f"a load of a copy in memory ran past {SETTLE_SECONDS} s")
+
+
 def recall(db, tenant_id, assistant_id, questions, truth, ef_search):
     """Mean recall@10 at this ef_search (ties with the tenth neighbour count), and the vector
     query's p50 time. ef_search is (EF_SEARCH, LARGE_EF_SEARCH) as the server has them, or one
@@ -422,7 +433,7 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
         # its vectors it loads at the first (vector_memory.ASKED_BEFORE_CHECK).
         await time_current(db, c, warm)
         if current.MEMORY is not None:
-            current.MEMORY.wait_idle(600)
+            settled(current.MEMORY)
             held = current.MEMORY.held_bytes()
             print(
                 f"  held in memory: {held / 2**20:.1f} MB (exact search)"
@@ -474,11 +485,11 @@ async def measure(c: corpus.Corpus, args: argparse.Namespace) -> None:
                     # question) ends first: asked while it ran, the next set's first questions
                     # found no verdict yet to count them unlike, and the check they were to
                     # start began halfway through the measured ones.
-                    current.MEMORY.wait_idle(600)
+                    settled(current.MEMORY)
                     # As many questions as the check of the walk waits for (then judged).
                     asked = vector_memory.ASKED_BEFORE_CHECK
                     recall(db, c.tenant_id, assistant, qs[:asked], truth[:asked], ef)
-                    current.MEMORY.wait_idle(600)
+                    settled(current.MEMORY)
                 r, t = recall(db, c.tenant_id, assistant, qs, truth, ef)
                 found.append(f"{r:.3f} ({label}, p50 {ms(t)})")
             print(f"  {name}: " + "   ".join(found))
