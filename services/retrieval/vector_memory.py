@@ -224,8 +224,8 @@ class HeldAssistant:
         if self.chunks == 0 or limit <= 0:
             return []
         count = max(CANDIDATES_PER_RESULT * limit, MIN_CANDIDATES)
-        products = scorer().products(self.blocks, self.offsets, np.asarray(query, np.float32))
-        score = products * self.scales
+        score = scorer().products(self.blocks, self.offsets, np.asarray(query, np.float32))
+        score *= self.scales
         cut = self.chunks - count
         top = np.argpartition(score, cut)[cut:] if cut > 0 else slice(None)
         return self.ids_at(top)
@@ -281,8 +281,13 @@ class Scorer:
     def products(
         self, blocks: list[np.ndarray], offsets: np.ndarray, query: np.ndarray
     ) -> np.ndarray:
-        """Each chunk's codes times the query's codes (int32), in block order; offsets: the
-        chunks' (`encode`)."""
+        """Each chunk's codes times the query's codes, in block order; offsets: the chunks'
+        (`encode`). As float32, which the search scales and selects from in place: taken as
+        int32 and scaled into float64, a held search's candidates at 98,304 chunks took 0.3-0.5
+        ms longer p50 (5.58 against 5.24 and 6.15 against 5.68 ms, in turn, with 20 ms pauses
+        between questions, on a Xeon with AMX). Float32 holds the products exactly up to 518
+        dimensions (at most 255 * 127 * dim, under 2**24); beyond, within a relative 6e-8,
+        far finer than the codes' own rounding."""
         peak = float(np.abs(query).max())
         step = peak / 127 if peak > 0 else 1.0
         codes = np.round(query / step)
@@ -291,10 +296,14 @@ class Scorer:
         if self.rows:
             b = codes.astype(np.int8)[:, None]
             run = [session.run(None, {"A": block, "B": b})[0][:, 0] for block in blocks]
-            return np.concatenate(run) - 128 * int(codes.sum())
+            products = np.concatenate(run, dtype=np.float32)
+            products -= 128 * int(codes.sum())
+            return products
         a = (codes + 128).astype(np.uint8)[None, :]
         run = [session.run(None, {"A": a, "B": block})[0][0] for block in blocks]
-        return np.concatenate(run) - offsets
+        products = np.concatenate(run, dtype=np.float32)
+        products -= offsets
+        return products
 
 
 # The scorer's layouts are timed on this many chunks of the local model's dimensions, each
