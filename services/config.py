@@ -58,10 +58,11 @@ class Settings(BaseSettings):
     # found 0.917 of them in 7.6 ms and 400 found 0.982 in 26 ms (docs/performance.md). An
     # index of more than 500,000 chunks is walked at least search.LARGE_EF_SEARCH (300) wide.
     hnsw_ef_search: int = Field(default=100, ge=10, le=1000)
-    # Memory each server process may hold assistants' vectors in, as 8-bit codes, for exact
-    # search where HNSW misses (services/retrieval/vector_memory.py): about 0.4 MB per 1,000
-    # chunks of 384 dimensions, so the default holds 1.3M chunks; an assistant larger than all
-    # of it stays on HNSW. 0 turns it off.
+    # Memory each server process may hold assistants' vectors in, as 8-bit codes (4-bit for
+    # assistants of 65,536 chunks or more, where the machine scores them faster), for exact
+    # search where HNSW misses (services/retrieval/vector_memory.py): about 0.41 MB per 1,000
+    # chunks of 384 dimensions (0.45 in 4 bits), so the default holds 1.1-1.3M chunks; an
+    # assistant larger than all of it stays on HNSW. 0 turns it off.
     vector_memory_mb: int = Field(default=512, ge=0)
 
     grpc_host: str = "127.0.0.1"

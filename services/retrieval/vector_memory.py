@@ -8,7 +8,10 @@ the assistant's rows one by one (about 100 ms at 100k chunks). Held in memory as
 (a scale per vector), the same 100k chunks of 384 dimensions are scored in about 1.8 ms on one
 core (onnxruntime's MatMulInteger, which the embedding model already brings; numpy's float32 product
 took 4.5 ms and four times the memory, its 8-bit one 30 ms), 3.1-4.7 ms on cores with AMX
-(`Scorer`), and there 2.3-3.5 ms on two threads (SCAN_THREADS). The best CANDIDATES_PER_RESULT
+(`Scorer`), and there 2.3-3.5 ms on two threads (SCAN_THREADS). A copy of WIDE_MIN_CHUNKS or
+more is held as 4-bit codes instead where the machine scores them faster (`Nibbles`: 1.7-2.1
+ms there with a pause between questions, where the 8-bit codes took 4.1-4.9, half the bytes
+read). The best CANDIDATES_PER_RESULT
 times the wanted count are then ranked by Postgres on their stored vectors, in the statement
 that reads their rows: the cosines are pgvector's own, as exact search gives them. On 50
 questions of each 100k corpus the exact ten nearest were all among the 64 best codes for random
@@ -201,6 +204,9 @@ class HeldAssistant:
     # Whether the assistant's HNSW walk has been checked against this copy: one loaded at an
     # assistant's first question serves it until enough questions were asked to judge the walk.
     judged: bool = True
+    # A large copy's vectors as 4-bit codes (`Nibbles`), in place of the blocks, scales and
+    # offsets, which are then empty.
+    nibbles: Nibbles | None = None
 
     @property
     def chunks(self) -> int:
@@ -208,12 +214,15 @@ class HeldAssistant:
 
     @property
     def dim(self) -> int:
+        if self.nibbles is not None:
+            return self.nibbles.dim
         return scorer().dim(self.blocks[0]) if self.blocks else 0
 
     @property
     def nbytes(self) -> int:
         arrays = (self.ids, self.scales, self.offsets, *self.blocks)
-        return sum(a.nbytes for a in arrays)
+        held = self.nibbles.nbytes if self.nibbles is not None else 0
+        return held + sum(a.nbytes for a in arrays)
 
     def candidates(self, query: Sequence[float], limit: int) -> list[str]:
         """The ids of the chunks whose codes score best against the query, in no order, enough
@@ -224,8 +233,12 @@ class HeldAssistant:
         if self.chunks == 0 or limit <= 0:
             return []
         count = max(CANDIDATES_PER_RESULT * limit, MIN_CANDIDATES)
-        score = scorer().products(self.blocks, self.offsets, np.asarray(query, np.float32))
-        score *= self.scales
+        query = np.asarray(query, np.float32)
+        if self.nibbles is not None:
+            score = self.nibbles.scores(query)
+        else:
+            score = scorer().products(self.blocks, self.offsets, query)
+            score *= self.scales
         cut = self.chunks - count
         top = np.argpartition(score, cut)[cut:] if cut > 0 else slice(None)
         return self.ids_at(top)
@@ -262,12 +275,14 @@ class Scorer:
     10.6-11.7 ms there, the rows 3.1-4.7 ms.
 
     A copy of WIDE_MIN_CHUNKS or more is scored by `wide`, the same product on SCAN_THREADS
-    threads, which onnxruntime splits chunk by chunk (`_session`).
+    threads, which onnxruntime splits chunk by chunk (`_session`), or, where `nibbles` (this
+    machine scored 4-bit codes faster), held as 4-bit codes instead (`Nibbles`).
     """
 
     session: onnxruntime.InferenceSession
     rows: bool
     wide: onnxruntime.InferenceSession | None = None
+    nibbles: bool = False
 
     def block(self, codes: np.ndarray) -> np.ndarray:
         """Chunks' int8 codes, a chunk a row, as a block of this layout."""
@@ -322,7 +337,9 @@ SCORER_TRIALS = 5
 # and in a search at 100k chunks, its codes no longer in the cache, 6.61 -> 3.84 ms. Smaller
 # copies stay on one thread, where the second saves at most a third of a millisecond for 13-40%
 # more CPU. Beyond two threads a search would take cores from the other questions being
-# answered beside it.
+# answered beside it. A copy of WIDE_MIN_CHUNKS or more is held in 4 bits where the machine
+# scores them faster (`Nibbles`; each such copy has a session of its own, so this bounds their
+# count too: at most 18 in the default budget).
 WIDE_MIN_CHUNKS = 4 * BLOCK_CHUNKS
 SCAN_THREADS = min(2, available_cpus())
 
@@ -341,7 +358,7 @@ def scorer() -> Scorer:
             if SCAN_THREADS > 1:
                 wide = _session(rows=chosen.rows, threads=SCAN_THREADS)
                 chosen = replace(chosen, wide=wide)
-            _scorer = chosen
+            _scorer = replace(chosen, nibbles=_nibbles_faster(chosen))
         return _scorer
 
 
@@ -394,10 +411,187 @@ def _session(*, rows: bool, threads: int = 1) -> onnxruntime.InferenceSession:
     )
 
 
+def _nibbles_faster(chosen: Scorer) -> bool:
+    """Whether WIDE_MIN_CHUNKS chunks score faster as 4-bit codes than in the chosen layout,
+    each on SCAN_THREADS threads, the best of SCORER_TRIALS runs in turn (random codes, about
+    50 ms once). False where onnxruntime cannot run MatMulNBits."""
+    rng = np.random.default_rng(0)
+    dim = 384
+    # Random bytes: numpy makes them at memory speed, where its integers took 90 ms.
+    codes = np.frombuffer(rng.bytes(WIDE_MIN_CHUNKS * dim), np.int8).reshape(-1, dim)
+    blocks = [chosen.block(codes[i : i + BLOCK_CHUNKS]) for i in range(0, len(codes), BLOCK_CHUNKS)]
+    offsets = 128 * codes.sum(axis=1, dtype=np.int32)
+    del codes
+    shape = (WIDE_MIN_CHUNKS, -(-dim // NIBBLE_BLOCK), NIBBLE_BLOCK // 2)
+    try:
+        nibbles = Nibbles.made(
+            dim,
+            np.frombuffer(rng.bytes(np.prod(shape)), np.uint8).reshape(shape),
+            rng.random(shape[:2], dtype=np.float32) / 100,
+        )
+    except Exception:  # an onnxruntime without the operator: the 8-bit codes serve
+        log.warning("vector memory: MatMulNBits failed; copies held in 8 bits", exc_info=True)
+        return False
+    query = rng.standard_normal(dim).astype(np.float32)
+    best = [float("inf")] * 2
+    for _ in range(SCORER_TRIALS):
+        for i, score in enumerate(
+            (lambda: chosen.products(blocks, offsets, query), lambda: nibbles.scores(query))
+        ):
+            began = time.perf_counter()
+            score()
+            best[i] = min(best[i], time.perf_counter() - began)
+    log.info(
+        "vector memory: copies of %d chunks or more held in %s (%.2f ms per %d chunks in 4 "
+        "bits, %.2f in 8)",
+        WIDE_MIN_CHUNKS,
+        "4 bits" if best[1] < best[0] else "8 bits",
+        best[1] * 1000,
+        WIDE_MIN_CHUNKS,
+        best[0] * 1000,
+    )
+    return best[1] < best[0]
+
+
+# Dimensions per scale of the 4-bit codes. On 98,304 chunks (random unit vectors, clustered
+# ones shaped like documents' embeddings) and 40,000 real embeddings of manual-page passages,
+# the exact ten nearest of every question were among the best 64 by these codes with 32, 64 or
+# 128 dimensions a scale (ties with the tenth counted, as exact copies of a passage make them);
+# 128 keeps the fewest scales: 4 bytes a chunk, and the same time.
+NIBBLE_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class Nibbles:
+    """A large copy's unit vectors as 4-bit codes, one scale per NIBBLE_BLOCK dimensions,
+    scored by onnxruntime's MatMulNBits: the operator of 4-bit language models' weights, in
+    every CPU build (com.microsoft), whose kernels are made for one row (here the question,
+    rounded to 8 bits per block: accuracy_level 4) against many columns. It takes the codes
+    as a constant, which it packs once, when the copy's session is made: a session per copy,
+    on SCAN_THREADS threads.
+
+    On the Xeon with AMX, 98,304 chunks with 20 ms between questions, as a server asks them:
+    1.7-2.1 ms (3.5-3.9 ms of CPU) where the 8-bit codes took 4.1-4.9 (6.6-8.3 of CPU), half the
+    bytes to read from memory; at 40,000 chunks 0.9-1.0 against 3.2-3.3 ms. The candidates are
+    ranked on their stored vectors by Postgres as before, so the codes' coarser rounding
+    changes which chunks are looked at, never their cosines.
+
+    Memory: the codes and scales here (204 bytes a chunk at 384 dimensions), which onnxruntime
+    is given where they are (they must outlive its session), and its packed copy with a sum
+    per block (232 bytes a chunk, measured at 400,000 chunks): 452 bytes a chunk with the id,
+    where 8-bit codes take 408.
+    """
+
+    dim: int
+    codes: np.ndarray  # (n, blocks, NIBBLE_BLOCK // 2) uint8: two codes a byte, each plus 8
+    scales: np.ndarray  # (n * blocks,) float32
+    session: onnxruntime.InferenceSession
+
+    @classmethod
+    def of(cls, vectors: np.ndarray) -> Nibbles:
+        """Unit vectors (rows), coded (`nibble_codes`) and given a session."""
+        codes, scales = nibble_codes(vectors)
+        return cls.made(vectors.shape[1], codes, scales)
+
+    @classmethod
+    def made(cls, dim: int, codes: np.ndarray, scales: np.ndarray) -> Nibbles:
+        """Codes and scales (`nibble_codes`, of any number of batches joined) and a session."""
+        scales = np.ascontiguousarray(scales.reshape(-1))
+        return cls(dim, codes, scales, _nibble_session(codes, scales))
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * (self.codes.nbytes + self.scales.nbytes) + 2 * self.scales.nbytes
+
+    def scores(self, query: np.ndarray) -> np.ndarray:
+        """Each chunk's cosine with the query (a unit vector), as its codes give it (float32)."""
+        a = np.zeros((1, self.codes.shape[1] * NIBBLE_BLOCK), np.float32)
+        a[0, : self.dim] = query
+        scores: np.ndarray = self.session.run(None, {"A": a})[0][0]
+        return scores
+
+
+def nibble_codes(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unit vectors (rows) as 4-bit codes, two a byte (the first in the low half), and a scale
+    per NIBBLE_BLOCK dimensions (the block's largest component is 7 times it; a code is the
+    component's multiple of it plus 8, as MatMulNBits reads a code with no zero point given),
+    the last block padded with zeros."""
+    n, dim = vectors.shape
+    blocks = -(-dim // NIBBLE_BLOCK)
+    padded = np.zeros((n, blocks * NIBBLE_BLOCK), np.float32)
+    padded[:, :dim] = vectors
+    parts = padded.reshape(n, blocks, NIBBLE_BLOCK)
+    scales = np.abs(parts).max(axis=2) / 7
+    steps = np.where(scales > 0, scales, 1)[:, :, None]
+    codes = (np.clip(np.round(parts / steps), -8, 7) + 8).astype(np.uint8)
+    return codes[:, :, 0::2] | (codes[:, :, 1::2] << 4), scales.astype(np.float32)
+
+
+def _nibble_session(codes: np.ndarray, scales: np.ndarray) -> onnxruntime.InferenceSession:
+    """A one-node graph: the question (A, float32 [1, dim padded]) times the codes, given to
+    onnxruntime as they are (external initializers) rather than copied into the graph."""
+    n, blocks, half = codes.shape
+
+    def constant(name: str, kind: int, shape: list[int]) -> TensorProto:
+        tensor = helper.make_tensor(name, kind, [0], [])
+        del tensor.dims[:]
+        tensor.dims.extend(shape)
+        tensor.data_location = TensorProto.EXTERNAL
+        tensor.external_data.add(key="location", value="given")
+        return tensor
+
+    node = helper.make_node(
+        "MatMulNBits",
+        ["A", "B", "scales"],
+        ["Y"],
+        domain="com.microsoft",
+        K=blocks * NIBBLE_BLOCK,
+        N=n,
+        bits=4,
+        block_size=NIBBLE_BLOCK,
+        accuracy_level=4,
+    )
+    graph = helper.make_graph(
+        [node],
+        "nibbles",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, blocks * NIBBLE_BLOCK])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, n])],
+        initializer=[
+            constant("B", TensorProto.UINT8, [n, blocks, half]),
+            constant("scales", TensorProto.FLOAT, [n * blocks]),
+        ],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)],
+    )
+    model.ir_version = 8
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = SCAN_THREADS
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_external_initializers(
+        ["B", "scales"],
+        [
+            onnxruntime.OrtValue.ortvalue_from_numpy(codes),
+            onnxruntime.OrtValue.ortvalue_from_numpy(scales),
+        ],
+    )
+    return onnxruntime.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
 def copy_bytes(chunks: int, dim: int) -> int:
     """What a copy of this many chunks holds, before it is loaded: a code byte per dimension,
-    and an id (16 bytes), a scale and an offset (4 each) per chunk (HeldAssistant.nbytes)."""
-    return chunks * (dim + 24)
+    and an id (16 bytes), a scale and an offset (4 each) per chunk (HeldAssistant.nbytes); a
+    copy large enough for 4-bit codes, the larger of that and what they hold (`Nibbles`), as
+    the choice between them is made at the first load."""
+    eight = chunks * (dim + 24)
+    if chunks < WIDE_MIN_CHUNKS:
+        return eight
+    blocks = -(-dim // NIBBLE_BLOCK)
+    return max(eight, chunks * (16 + 2 * blocks * NIBBLE_BLOCK // 2 + 4 * 4 * blocks))
 
 
 def digest_of(row: Row[Any]) -> Digest:
@@ -508,7 +702,7 @@ class VectorMemory:
         # Waited for where the walk is not known to be good: never judged, or judged to miss
         # (a verdict, standing or lapsed, says it was good).
         awaited = not exact and key not in self._index_good and chunks <= WAIT_MAX_CHUNKS
-        return (self._load, engine, key, wanted, recheck, exact), awaited
+        return (self._load, engine, key, wanted, recheck, exact, chunks), awaited
 
     def coming(self, engine: Engine, tenant_id: str, assistant_id: str) -> Future[None] | None:
         """The load under way of the assistant's copy, when a question is better off waiting
@@ -627,17 +821,20 @@ class VectorMemory:
         asked: list[np.ndarray],
         recheck: bool = False,
         exact: bool = False,
+        chunks: int = 0,
     ) -> None:
         """Loads the assistant's copy and, once it has been asked enough questions, checks its
         walk on them (with made-up ones, unless this rechecks a standing verdict on the unlike
         questions' stretch); a copy loaded sooner serves unjudged until then (_check), and a
-        copy for exact search is kept unchecked."""
+        copy for exact search is kept unchecked. chunks: how many the assistant was counted
+        to hold, which decides whether its codes take 4 bits (`Nibbles`)."""
         _, tenant_id, assistant_id = key
         started = time.perf_counter()
         with self._lock:
             judge = not exact and (recheck or self._enough_asked(key, len(asked), time.monotonic()))
         try:
-            held = load(engine, tenant_id, assistant_id, self.searchable_sql)
+            nibbles = chunks >= WIDE_MIN_CHUNKS and scorer().nibbles
+            held = load(engine, tenant_id, assistant_id, self.searchable_sql, nibbles=nibbles)
             held.exact = exact
             held.judged = exact or judge
             recall, nearest = (
@@ -909,10 +1106,18 @@ def unit_rows(sent: list[bytes]) -> np.ndarray:
     return unit(np.frombuffer(b"".join(sent), ">f4").reshape(len(sent), -1)[:, 1:])
 
 
-def load(engine: Engine, tenant_id: str, assistant_id: str, searchable_sql: str) -> HeldAssistant:
+def load(
+    engine: Engine,
+    tenant_id: str,
+    assistant_id: str,
+    searchable_sql: str,
+    *,
+    nibbles: bool = False,
+) -> HeldAssistant:
     """The assistant's servable chunks' ids and codes and the digest they belong to, read in
     one snapshot (REPEATABLE READ), the vectors in pgvector's binary form. A zero vector has no
-    cosine with anything (pgvector ranks it last) and is not held."""
+    cosine with anything (pgvector ranks it last) and is not held. nibbles: the codes in 4
+    bits (`Nibbles`), else in 8."""
     params = {"tenant": tenant_id, "assistant": uuid.UUID(assistant_id)}
     ids: list[np.ndarray] = []
     scales: list[np.ndarray] = []
@@ -920,6 +1125,7 @@ def load(engine: Engine, tenant_id: str, assistant_id: str, searchable_sql: str)
     blocks: list[np.ndarray] = []
     pending: list[np.ndarray] = []  # codes, row by row, not yet in a block
     layout = scorer()
+    dim = 0
 
     def block() -> None:
         blocks.append(layout.block(np.concatenate(pending)))
@@ -938,19 +1144,38 @@ def load(engine: Engine, tenant_id: str, assistant_id: str, searchable_sql: str)
             for batch_ids, raw in copied_rows(copy):
                 vectors = unit(raw)
                 keep = vectors.any(axis=1)
-                codes, scale, offset = encode(vectors[keep])
                 ids.append(batch_ids[keep])
+                dim = vectors.shape[1]
+                if nibbles:
+                    codes, scale = nibble_codes(vectors[keep])
+                    pending.append(codes)
+                    scales.append(scale)
+                    continue
+                codes, scale, offset = encode(vectors[keep])
                 scales.append(scale)
                 offsets.append(offset)
                 pending.append(codes)
                 if sum(len(p) for p in pending) >= BLOCK_CHUNKS:
                     block()
         conn.rollback()
+    all_ids = np.concatenate(ids) if ids else np.zeros((0, 16), np.uint8)
+    if nibbles:
+        codes = np.concatenate(pending)
+        pending.clear()  # the batches' codes go before onnxruntime packs its own copy
+        coded = Nibbles.made(dim, codes, np.concatenate(scales))
+        return HeldAssistant(
+            digest,
+            all_ids,
+            [],
+            np.zeros(0, np.float32),
+            np.zeros(0, np.int32),
+            nibbles=coded if len(all_ids) else None,
+        )
     if pending:
         block()
     return HeldAssistant(
         digest,
-        np.concatenate(ids) if ids else np.zeros((0, 16), np.uint8),
+        all_ids,
         blocks,
         np.concatenate(scales) if scales else np.zeros(0, np.float32),
         np.concatenate(offsets) if offsets else np.zeros(0, np.int32),

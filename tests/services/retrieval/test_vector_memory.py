@@ -9,6 +9,7 @@ import struct
 import threading
 import time
 import uuid
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -106,9 +107,9 @@ def gated_loads(monkeypatch) -> threading.Event:
     gate = threading.Event()
     real_load = vector_memory.load
 
-    def gated(*args):
+    def gated(*args, **kwargs):
         assert gate.wait(30)
-        return real_load(*args)
+        return real_load(*args, **kwargs)
 
     monkeypatch.setattr(vector_memory, "load", gated)
     return gate
@@ -141,6 +142,29 @@ async def test_memory_finds_what_exact_search_finds(
     assert told == ["memory"]
     # Another tenant naming the same assistant finds nothing, held or not.
     assert nearest(db, embedder, "someone-else", assistant) == []
+
+
+@pytest.fixture
+def nibbles(monkeypatch):
+    """Every copy of a large assistant's kind held in 4 bits, however few its chunks."""
+    monkeypatch.setattr(vector_memory, "WIDE_MIN_CHUNKS", 1)
+    monkeypatch.setattr(vector_memory, "_scorer", replace(vector_memory.scorer(), nibbles=True))
+
+
+async def test_a_copy_in_4_bits_finds_what_exact_search_finds(
+    channel, make_key, db, embedder, memory, served, nibbles
+):
+    tenant = "mem4-" + uuid.uuid4().hex[:6]
+    _, assistant, _, _ = await documents(
+        channel, make_key, tenant, ("leave.md", LEAVE), ("kitchen.md", COFFEE)
+    )
+    for question in (QUESTION, "espresso machine", "zzz qqq"):
+        found = held_search(db, embedder, memory, tenant, assistant, question)
+        assert same(found, exact(db, embedder, tenant, assistant, question))
+    assert served[0] is False and served[-1] is True
+    (copy,) = memory._held.values()
+    assert copy.nibbles is not None and copy.blocks == [] and copy.chunks > 0
+    assert copy.dim == 384 and memory.held_bytes() == copy.nbytes > copy.nibbles.codes.nbytes
 
 
 async def test_a_small_assistant_is_held_from_its_second_question(
@@ -281,7 +305,7 @@ async def test_a_failed_load_leaves_search_to_postgres(
     tenant = "memfail-" + uuid.uuid4().hex[:6]
     _, assistant, _, _ = await documents(channel, make_key, tenant, ("leave.md", LEAVE))
 
-    def broken(*args):
+    def broken(*args, **kwargs):
         raise RuntimeError("no vectors today")
 
     monkeypatch.setattr(vector_memory, "load", broken)
@@ -520,8 +544,9 @@ async def test_unlike_questions_start_at_most_a_few_checks(
     for question in UNRELATED * 2:  # each unlike; the walk finds everything all the same
         nearest(db, embedder, tenant, assistant, question)
         assert memory.wait_idle(30)
-    # _load(engine, key, asked, recheck, exact): the verdict, then two checks, none exact
-    assert [args[3:] for args in loads] == [(False, False), (True, False), (True, False)]
+    # _load(engine, key, asked, recheck, exact, chunks): the verdict, then two checks, none
+    # exact
+    assert [args[3:5] for args in loads] == [(False, False), (True, False), (True, False)]
     assert memory.held_bytes() == 0
 
 
@@ -643,6 +668,74 @@ def test_the_layout_that_measures_faster_is_chosen():
     columns, rows = vector_memory._session(rows=False), vector_memory._session(rows=True)
     assert vector_memory._faster(Slow(columns), rows).rows is True
     assert vector_memory._faster(columns, Slow(rows)).rows is False
+
+
+def unit_rows(rng, n, dim):
+    vectors = rng.standard_normal((n, dim)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("dim", [384, 100], ids=["whole blocks", "a padded block"])
+def test_4_bit_codes_score_the_cosines_within_their_rounding(dim):
+    rng = np.random.default_rng(11)
+    vectors = unit_rows(rng, 3_000, dim)
+    coded = vector_memory.Nibbles.of(vectors)
+    assert coded.dim == dim and coded.codes.dtype == np.uint8
+    blocks = -(-dim // vector_memory.NIBBLE_BLOCK)
+    assert coded.codes.shape == (3_000, blocks, vector_memory.NIBBLE_BLOCK // 2)
+    for query in unit_rows(rng, 20, dim):
+        cosine = vectors @ query
+        score = coded.scores(query)
+        # Each component within half a step of its block (its largest is 7 steps), the
+        # question within half of its own 8-bit step, and a little for float32's sums.
+        steps = np.abs(vectors).max(axis=1) / 7
+        bound = steps * np.abs(query).sum() / 2 + np.abs(query).max() / 254 * np.sqrt(dim)
+        assert (np.abs(score - cosine) <= bound + 1e-3).all()
+        assert set(np.argsort(-cosine)[:10]) <= set(np.argsort(-score)[:64])
+
+
+def test_a_copy_in_4_bits_gives_the_candidates_the_codes_in_8_give():
+    rng = np.random.default_rng(12)
+    vectors = unit_rows(rng, 20_000, 384)
+    ids = [uuid.uuid4() for _ in vectors]
+    eight = held(vectors, ids)
+    four = HeldAssistant(
+        Digest(0),
+        eight.ids,
+        [],
+        np.zeros(0, np.float32),
+        np.zeros(0, np.int32),
+        nibbles=vector_memory.Nibbles.of(vectors),
+    )
+    for query in unit_rows(rng, 20, 384):
+        want = {ids[i].hex for i in np.argsort(-(vectors @ query))[:10]}
+        assert want <= set(four.candidates(query, 32)) and want <= set(eight.candidates(query, 32))
+
+
+def test_the_budget_of_a_copy_in_4_bits_is_what_it_holds(monkeypatch):
+    monkeypatch.setattr(vector_memory, "WIDE_MIN_CHUNKS", 1_000)
+    vectors = unit_rows(np.random.default_rng(13), 2_000, 384)
+    coded = vector_memory.Nibbles.of(vectors)
+    counted = vector_memory.copy_bytes(2_000, 384)
+    assert counted >= 2_000 * 16 + coded.nbytes
+    assert counted >= 2_000 * (384 + 24)  # and no less than in 8 bits
+    assert counted <= 1.2 * (2_000 * 16 + coded.nbytes)
+    assert vector_memory.copy_bytes(999, 384) == 999 * (384 + 24)
+
+
+def test_4_bits_are_chosen_only_where_they_measure_faster(monkeypatch):
+    chosen = vector_memory.Scorer(
+        vector_memory._session(rows=True), rows=True, wide=vector_memory._session(rows=True)
+    )
+    assert vector_memory._nibbles_faster(replace(chosen, wide=Slow(chosen.wide))) is True
+    scores = vector_memory.Nibbles.scores
+
+    def slow(self, query):
+        time.sleep(0.05)
+        return scores(self, query)
+
+    monkeypatch.setattr(vector_memory.Nibbles, "scores", slow)
+    assert vector_memory._nibbles_faster(chosen) is False
 
 
 def test_a_zero_question_vector_finds_without_failing():
