@@ -10,7 +10,7 @@ core (onnxruntime's MatMulInteger, which the embedding model already brings; num
 took 4.5 ms and four times the memory, its 8-bit one 30 ms), 3.1-4.7 ms on cores with AMX
 (`Scorer`), and there 2.3-3.5 ms on two threads (SCAN_THREADS). A copy of WIDE_MIN_CHUNKS or
 more is held as 4-bit codes instead where the machine scores them faster (`Nibbles`: 1.7-2.1
-ms there with a pause between questions, where the 8-bit codes took 4.1-4.9, half the bytes
+ms there with a pause between questions, where the 8-bit codes took 4.0-4.9, half the bytes
 read). The best CANDIDATES_PER_RESULT
 times the wanted count are then ranked by Postgres on their stored vectors, in the statement
 that reads their rows: the cosines are pgvector's own, as exact search gives them. On 50
@@ -471,10 +471,11 @@ class Nibbles:
     on SCAN_THREADS threads.
 
     On the Xeon with AMX, 98,304 chunks with 20 ms between questions, as a server asks them:
-    1.7-2.1 ms (3.5-3.9 ms of CPU) where the 8-bit codes took 4.1-4.9 (6.6-8.3 of CPU), half the
-    bytes to read from memory; at 40,000 chunks 0.9-1.0 against 3.2-3.3 ms. The candidates are
-    ranked on their stored vectors by Postgres as before, so the codes' coarser rounding
-    changes which chunks are looked at, never their cosines.
+    1.7-2.1 ms (a scale per 32 or 128 dimensions; 3.5-3.9 ms of CPU) where the 8-bit codes
+    took 4.0-4.9 (6.6-8.4 of CPU), half the bytes to read from memory; at 40,000 chunks
+    0.9-1.0 against 3.2-3.3 ms. The candidates are ranked on their stored vectors by Postgres
+    as before, so the codes' coarser rounding changes which chunks are looked at, never their
+    cosines.
 
     Memory: the codes and scales here (204 bytes a chunk at 384 dimensions), which onnxruntime
     is given where they are (they must outlive its session), and its packed copy with a sum
