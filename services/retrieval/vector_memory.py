@@ -413,8 +413,8 @@ def _session(*, rows: bool, threads: int = 1) -> onnxruntime.InferenceSession:
 
 def _nibbles_faster(chosen: Scorer) -> bool:
     """Whether WIDE_MIN_CHUNKS chunks score faster as 4-bit codes than in the chosen layout,
-    each on SCAN_THREADS threads, the best of SCORER_TRIALS runs in turn (random codes, about
-    50 ms once). False where onnxruntime cannot run MatMulNBits."""
+    each on SCAN_THREADS threads, the best of SCORER_TRIALS runs in turn (random codes: about
+    0.2 s, at a process's first load). False where onnxruntime cannot run MatMulNBits."""
     rng = np.random.default_rng(0)
     dim = 384
     # Random bytes: numpy makes them at memory speed, where its integers took 90 ms.
@@ -1161,17 +1161,13 @@ def load(
         conn.rollback()
     all_ids = np.concatenate(ids) if ids else np.zeros((0, 16), np.uint8)
     if nibbles:
-        codes = np.concatenate(pending)
-        pending.clear()  # the batches' codes go before onnxruntime packs its own copy
-        coded = Nibbles.made(dim, codes, np.concatenate(scales))
-        return HeldAssistant(
-            digest,
-            all_ids,
-            [],
-            np.zeros(0, np.float32),
-            np.zeros(0, np.int32),
-            nibbles=coded if len(all_ids) else None,
-        )
+        coded = None
+        if len(all_ids):  # none left (deleted since they were counted): nothing to score
+            codes = np.concatenate(pending)
+            pending.clear()  # the batches' codes go before onnxruntime packs its own copy
+            coded = Nibbles.made(dim, codes, np.concatenate(scales))
+        empty = np.zeros(0, np.float32)
+        return HeldAssistant(digest, all_ids, [], empty, np.zeros(0, np.int32), nibbles=coded)
     if pending:
         block()
     return HeldAssistant(

@@ -167,6 +167,14 @@ async def test_a_copy_in_4_bits_finds_what_exact_search_finds(
     assert copy.dim == 384 and memory.held_bytes() == copy.nbytes > copy.nibbles.codes.nbytes
 
 
+async def test_a_copy_in_4_bits_of_no_chunks_holds_nothing(channel, make_key, db, nibbles):
+    tenant = "mem4none-" + uuid.uuid4().hex[:6]
+    assistant = await make_assistant(channel, make_key(tenant))
+    copy = vector_memory.load(db.engine, tenant, assistant, searching.SEARCHABLE, nibbles=True)
+    assert copy.chunks == 0 and copy.nibbles is None and copy.dim == 0
+    assert copy.candidates(np.ones(384, np.float32), 8) == []
+
+
 async def test_a_small_assistant_is_held_from_its_second_question(
     channel, make_key, db, embedder, memory, served, monkeypatch
 ):
