@@ -423,24 +423,24 @@ def _nibbles_faster(chosen: Scorer) -> bool:
     offsets = 128 * codes.sum(axis=1, dtype=np.int32)
     del codes
     shape = (WIDE_MIN_CHUNKS, -(-dim // NIBBLE_BLOCK), NIBBLE_BLOCK // 2)
+    query = rng.standard_normal(dim).astype(np.float32)
+    best = [float("inf")] * 2
     try:
         nibbles = Nibbles.made(
             dim,
             np.frombuffer(rng.bytes(np.prod(shape)), np.uint8).reshape(shape),
             rng.random(shape[:2], dtype=np.float32) / 100,
         )
+        for _ in range(SCORER_TRIALS):
+            for i, score in enumerate(
+                (lambda: chosen.products(blocks, offsets, query), lambda: nibbles.scores(query))
+            ):
+                began = time.perf_counter()
+                score()
+                best[i] = min(best[i], time.perf_counter() - began)
     except Exception:  # an onnxruntime without the operator: the 8-bit codes serve
         log.warning("vector memory: MatMulNBits failed; copies held in 8 bits", exc_info=True)
         return False
-    query = rng.standard_normal(dim).astype(np.float32)
-    best = [float("inf")] * 2
-    for _ in range(SCORER_TRIALS):
-        for i, score in enumerate(
-            (lambda: chosen.products(blocks, offsets, query), lambda: nibbles.scores(query))
-        ):
-            began = time.perf_counter()
-            score()
-            best[i] = min(best[i], time.perf_counter() - began)
     log.info(
         "vector memory: copies of %d chunks or more held in %s (%.2f ms per %d chunks in 4 "
         "bits, %.2f in 8)",

@@ -745,6 +745,12 @@ def test_4_bits_are_chosen_only_where_they_measure_faster(monkeypatch):
     monkeypatch.setattr(vector_memory.Nibbles, "scores", slow)
     assert vector_memory._nibbles_faster(chosen) is False
 
+    def failing(self, query):
+        raise RuntimeError("no MatMulNBits here")
+
+    monkeypatch.setattr(vector_memory.Nibbles, "scores", failing)
+    assert vector_memory._nibbles_faster(chosen) is False  # and the 8-bit codes serve
+
 
 def test_a_zero_question_vector_finds_without_failing():
     copy = held([[1, 0], [0, 1]])
