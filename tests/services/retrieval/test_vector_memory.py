@@ -123,10 +123,8 @@ async def documents(channel, make_key, tenant, *files):
     return key, assistant, stub, made
 
 
-async def test_memory_finds_what_exact_search_finds(
-    channel, make_key, db, embedder, memory, served, monkeypatch
-):
-    tenant = "mem-" + uuid.uuid4().hex[:6]
+async def held_like_exact(channel, make_key, db, embedder, memory, served, tenant):
+    """An assistant of two documents, searched from its copy as exact search finds."""
     _, assistant, _, _ = await documents(
         channel, make_key, tenant, ("leave.md", LEAVE), ("kitchen.md", COFFEE)
     )
@@ -134,6 +132,14 @@ async def test_memory_finds_what_exact_search_finds(
         found = held_search(db, embedder, memory, tenant, assistant, question)
         assert same(found, exact(db, embedder, tenant, assistant, question))
     assert served[0] is False and served[-1] is True
+    return assistant
+
+
+async def test_memory_finds_what_exact_search_finds(
+    channel, make_key, db, embedder, memory, served, monkeypatch
+):
+    tenant = "mem-" + uuid.uuid4().hex[:6]
+    assistant = await held_like_exact(channel, make_key, db, embedder, memory, served, tenant)
     assert memory.held_bytes() > 0
     assert searching.memory_held() == (memory.held_bytes(), 1)
     told = []
@@ -155,13 +161,7 @@ async def test_a_copy_in_4_bits_finds_what_exact_search_finds(
     channel, make_key, db, embedder, memory, served, nibbles
 ):
     tenant = "mem4-" + uuid.uuid4().hex[:6]
-    _, assistant, _, _ = await documents(
-        channel, make_key, tenant, ("leave.md", LEAVE), ("kitchen.md", COFFEE)
-    )
-    for question in (QUESTION, "espresso machine", "zzz qqq"):
-        found = held_search(db, embedder, memory, tenant, assistant, question)
-        assert same(found, exact(db, embedder, tenant, assistant, question))
-    assert served[0] is False and served[-1] is True
+    await held_like_exact(channel, make_key, db, embedder, memory, served, tenant)
     (copy,) = memory._held.values()
     assert copy.nibbles is not None and copy.blocks == [] and copy.chunks > 0
     assert copy.dim == 384 and memory.held_bytes() == copy.nbytes > copy.nibbles.codes.nbytes
