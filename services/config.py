@@ -61,8 +61,9 @@ class Settings(BaseSettings):
     # Memory each server process may hold assistants' vectors in, as 8-bit codes (4-bit for
     # assistants of 65,536 chunks or more, where the machine scores them faster), for exact
     # search where HNSW misses (services/retrieval/vector_memory.py): about 0.41 MB per 1,000
-    # chunks of 384 dimensions (0.45 in 4 bits), so the default holds 1.1-1.3M chunks; an
-    # assistant larger than all of it stays on HNSW. 0 turns it off.
+    # chunks of 384 dimensions (0.46 in 4 bits), so the default holds 1.3M chunks (an
+    # assistant too large for it in 4 bits is held in 8); an assistant larger than all of it
+    # stays on HNSW. 0 turns it off.
     vector_memory_mb: int = Field(default=512, ge=0)
 
     grpc_host: str = "127.0.0.1"

@@ -587,17 +587,15 @@ def _nibble_session(codes: np.ndarray, scales: np.ndarray) -> onnxruntime.Infere
     )
 
 
-def copy_bytes(chunks: int, dim: int) -> int:
-    """What a copy of this many chunks holds, before it is loaded: a code byte per dimension,
-    and an id (16 bytes), a scale and an offset (4 each) per chunk (HeldAssistant.nbytes); a
-    copy large enough for 4-bit codes, the larger of that and what they hold (`Nibbles`), as
-    the choice between them is made at the first load."""
-    eight = chunks * (dim + 24)
-    if chunks < WIDE_MIN_CHUNKS:
-        return eight
+def copy_bytes(chunks: int, dim: int, *, nibbles: bool = False) -> int:
+    """What a copy of this many chunks holds, before it is loaded (HeldAssistant.nbytes): in 8
+    bits a code byte per dimension, and an id (16 bytes), a scale and an offset (4 each) per
+    chunk; in 4 bits (`Nibbles`) the id, the codes and scales twice over (here and in
+    onnxruntime's packed copy, which adds a sum per block) and the session."""
+    if not nibbles:
+        return chunks * (dim + 24)
     blocks = -(-dim // NIBBLE_BLOCK)
-    four = chunks * (16 + 2 * blocks * NIBBLE_BLOCK // 2 + 4 * 4 * blocks)
-    return max(eight, four + NIBBLE_SESSION_BYTES)
+    return chunks * (16 + 2 * blocks * NIBBLE_BLOCK // 2 + 4 * 4 * blocks) + NIBBLE_SESSION_BYTES
 
 
 def digest_of(row: Row[Any]) -> Digest:
@@ -631,6 +629,13 @@ class VectorMemory:
 
     def fits(self, chunks: int, dim: int) -> bool:
         return copy_bytes(chunks, dim) <= self.budget_bytes
+
+    def may_nibble(self, chunks: int, dim: int) -> bool:
+        """Whether a copy of this many chunks may take 4-bit codes: one of WIDE_MIN_CHUNKS or
+        more, whose 4-bit codes fit the budget too (they take a little more than 8-bit ones, so
+        an assistant that fits only in 8 bits is held in 8)."""
+        fits = copy_bytes(chunks, dim, nibbles=True) <= self.budget_bytes
+        return chunks >= WIDE_MIN_CHUNKS and fits
 
     def get(
         self,
@@ -703,12 +708,15 @@ class VectorMemory:
             return None, False
         self._loading.add(key)
         self._not_before[key] = now + RELOAD_SECONDS
-        # Room first, so the process never holds the budget and the new copy at once.
-        self._make_room(copy_bytes(chunks, len(query)))
+        # Room first, so the process never holds the budget and the new copy at once: for the
+        # larger of the two kinds of codes it may take, as the load chooses (`_load`).
+        nibble = self.may_nibble(chunks, len(query))
+        room = copy_bytes(chunks, len(query), nibbles=nibble)
+        self._make_room(max(room, copy_bytes(chunks, len(query))))
         # Waited for where the walk is not known to be good: never judged, or judged to miss
         # (a verdict, standing or lapsed, says it was good).
         awaited = not exact and key not in self._index_good and chunks <= WAIT_MAX_CHUNKS
-        return (self._load, engine, key, wanted, recheck, exact, chunks), awaited
+        return (self._load, engine, key, wanted, recheck, exact, nibble), awaited
 
     def coming(self, engine: Engine, tenant_id: str, assistant_id: str) -> Future[None] | None:
         """The load under way of the assistant's copy, when a question is better off waiting
@@ -827,19 +835,19 @@ class VectorMemory:
         asked: list[np.ndarray],
         recheck: bool = False,
         exact: bool = False,
-        chunks: int = 0,
+        may_nibble: bool = False,
     ) -> None:
         """Loads the assistant's copy and, once it has been asked enough questions, checks its
         walk on them (with made-up ones, unless this rechecks a standing verdict on the unlike
         questions' stretch); a copy loaded sooner serves unjudged until then (_check), and a
-        copy for exact search is kept unchecked. chunks: how many the assistant was counted
-        to hold, which decides whether its codes take 4 bits (`Nibbles`)."""
+        copy for exact search is kept unchecked. may_nibble: the copy may take 4-bit codes
+        (`may_nibble`), as it does where the machine scores them faster (`Scorer.nibbles`)."""
         _, tenant_id, assistant_id = key
         started = time.perf_counter()
         with self._lock:
             judge = not exact and (recheck or self._enough_asked(key, len(asked), time.monotonic()))
         try:
-            nibbles = chunks >= WIDE_MIN_CHUNKS and scorer().nibbles
+            nibbles = may_nibble and scorer().nibbles
             held = load(engine, tenant_id, assistant_id, self.searchable_sql, nibbles=nibbles)
             held.exact = exact
             held.judged = exact or judge

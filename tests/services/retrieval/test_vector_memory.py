@@ -552,7 +552,7 @@ async def test_unlike_questions_start_at_most_a_few_checks(
     for question in UNRELATED * 2:  # each unlike; the walk finds everything all the same
         nearest(db, embedder, tenant, assistant, question)
         assert memory.wait_idle(30)
-    # _load(engine, key, asked, recheck, exact, chunks): the verdict, then two checks, none
+    # _load(engine, key, asked, recheck, exact, may_nibble): the verdict, then two checks, none
     # exact
     assert [args[3:5] for args in loads] == [(False, False), (True, False), (True, False)]
     assert memory.held_bytes() == 0
@@ -720,15 +720,27 @@ def test_a_copy_in_4_bits_gives_the_candidates_the_codes_in_8_give():
         assert want <= set(four.candidates(query, 32)) and want <= set(eight.candidates(query, 32))
 
 
-def test_the_budget_of_a_copy_in_4_bits_is_what_it_holds(monkeypatch):
-    monkeypatch.setattr(vector_memory, "WIDE_MIN_CHUNKS", 1_000)
+def test_the_budget_of_a_copy_in_4_bits_is_what_it_holds():
     vectors = unit_rows(np.random.default_rng(13), 2_000, 384)
     coded = vector_memory.Nibbles.of(vectors)
-    counted = vector_memory.copy_bytes(2_000, 384)
-    assert counted >= 2_000 * 16 + coded.nbytes
-    assert counted >= 2_000 * (384 + 24)  # and no less than in 8 bits
-    assert counted <= 1.2 * (2_000 * 16 + coded.nbytes)
-    assert vector_memory.copy_bytes(999, 384) == 999 * (384 + 24)
+    counted = vector_memory.copy_bytes(2_000, 384, nibbles=True)
+    assert 2_000 * 16 + coded.nbytes <= counted <= 1.01 * (2_000 * 16 + coded.nbytes)
+    assert vector_memory.copy_bytes(2_000, 384) == 2_000 * (384 + 24)
+
+
+def test_a_copy_takes_4_bits_only_when_large_and_they_fit(monkeypatch):
+    monkeypatch.setattr(vector_memory, "WIDE_MIN_CHUNKS", 1_000)
+    eight, four = (vector_memory.copy_bytes(5_000, 384, nibbles=n) for n in (False, True))
+    assert eight < four  # 4-bit codes take a little more, with their packed copy
+    roomy = VectorMemory(four, searching.SEARCHABLE, searching.index_walk)
+    tight = VectorMemory(eight, searching.SEARCHABLE, searching.index_walk)
+    try:
+        assert roomy.may_nibble(5_000, 384) and not roomy.may_nibble(999, 384)
+        # Held in 8 bits rather than not at all.
+        assert tight.fits(5_000, 384) and not tight.may_nibble(5_000, 384)
+    finally:
+        roomy.close()
+        tight.close()
 
 
 def test_4_bits_are_chosen_only_where_they_measure_faster(monkeypatch):
