@@ -275,14 +275,13 @@ class Scorer:
     10.6-11.7 ms there, the rows 3.1-4.7 ms.
 
     A copy of WIDE_MIN_CHUNKS or more is scored by `wide`, the same product on SCAN_THREADS
-    threads, which onnxruntime splits chunk by chunk (`_session`), or, where `nibbles` (this
-    machine scored 4-bit codes faster), held as 4-bit codes instead (`Nibbles`).
+    threads, which onnxruntime splits chunk by chunk (`_session`), or held as 4-bit codes
+    instead where this machine scores those faster (`nibbles_faster`, `Nibbles`).
     """
 
     session: onnxruntime.InferenceSession
     rows: bool
     wide: onnxruntime.InferenceSession | None = None
-    nibbles: bool = False
 
     def block(self, codes: np.ndarray) -> np.ndarray:
         """Chunks' int8 codes, a chunk a row, as a block of this layout."""
@@ -345,6 +344,7 @@ SCAN_THREADS = min(2, available_cpus())
 
 _scorer_lock = threading.Lock()
 _scorer: Scorer | None = None
+_nibbles: bool | None = None
 
 
 def scorer() -> Scorer:
@@ -358,8 +358,22 @@ def scorer() -> Scorer:
             if SCAN_THREADS > 1:
                 wide = _session(rows=chosen.rows, threads=SCAN_THREADS)
                 chosen = replace(chosen, wide=wide)
-            _scorer = replace(chosen, nibbles=_nibbles_faster(chosen))
+            _scorer = chosen
         return _scorer
+
+
+def nibbles_faster() -> bool:
+    """Whether this machine scores large copies faster as 4-bit codes (`_nibbles_faster`),
+    measured when the first copy that may take them is loaded: a process that never holds one
+    never pays for the trial."""
+    global _nibbles
+    if _nibbles is not None:
+        return _nibbles
+    chosen = scorer()  # outside the lock, which scorer() takes itself
+    with _scorer_lock:
+        if _nibbles is None:
+            _nibbles = _nibbles_faster(chosen)
+        return _nibbles
 
 
 def _faster(columns: onnxruntime.InferenceSession, rows: onnxruntime.InferenceSession) -> Scorer:
@@ -414,7 +428,7 @@ def _session(*, rows: bool, threads: int = 1) -> onnxruntime.InferenceSession:
 def _nibbles_faster(chosen: Scorer) -> bool:
     """Whether WIDE_MIN_CHUNKS chunks score faster as 4-bit codes than in the chosen layout,
     each on SCAN_THREADS threads, the best of SCORER_TRIALS runs in turn (random codes: about
-    0.2 s, at a process's first load). False where onnxruntime cannot run MatMulNBits."""
+    0.2 s, once). False where onnxruntime cannot run MatMulNBits."""
     rng = np.random.default_rng(0)
     dim = 384
     # Random bytes: numpy makes them at memory speed, where its integers took 90 ms.
@@ -841,13 +855,13 @@ class VectorMemory:
         walk on them (with made-up ones, unless this rechecks a standing verdict on the unlike
         questions' stretch); a copy loaded sooner serves unjudged until then (_check), and a
         copy for exact search is kept unchecked. may_nibble: the copy may take 4-bit codes
-        (`may_nibble`), as it does where the machine scores them faster (`Scorer.nibbles`)."""
+        (`may_nibble`), as it does where the machine scores them faster (`nibbles_faster`)."""
         _, tenant_id, assistant_id = key
         started = time.perf_counter()
         with self._lock:
             judge = not exact and (recheck or self._enough_asked(key, len(asked), time.monotonic()))
         try:
-            nibbles = may_nibble and scorer().nibbles
+            nibbles = may_nibble and nibbles_faster()
             held = load(engine, tenant_id, assistant_id, self.searchable_sql, nibbles=nibbles)
             held.exact = exact
             held.judged = exact or judge

@@ -138,9 +138,12 @@ async def held_like_exact(channel, make_key, db, embedder, memory, served, tenan
 async def test_memory_finds_what_exact_search_finds(
     channel, make_key, db, embedder, memory, served, monkeypatch
 ):
+    monkeypatch.setattr(vector_memory, "_nibbles", None)
     tenant = "mem-" + uuid.uuid4().hex[:6]
     assistant = await held_like_exact(channel, make_key, db, embedder, memory, served, tenant)
     assert memory.held_bytes() > 0
+    # Only small copies held: the 4-bit codes were never timed.
+    assert vector_memory._nibbles is None
     assert searching.memory_held() == (memory.held_bytes(), 1)
     told = []
     monkeypatch.setattr(searching, "ON_VECTOR_SEARCH", told.append)
@@ -154,7 +157,7 @@ async def test_memory_finds_what_exact_search_finds(
 def nibbles(monkeypatch):
     """Every copy of a large assistant's kind held in 4 bits, however few its chunks."""
     monkeypatch.setattr(vector_memory, "WIDE_MIN_CHUNKS", 1)
-    monkeypatch.setattr(vector_memory, "_scorer", replace(vector_memory.scorer(), nibbles=True))
+    monkeypatch.setattr(vector_memory, "_nibbles", True)
 
 
 async def test_a_copy_in_4_bits_finds_what_exact_search_finds(
