@@ -66,9 +66,10 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -382,13 +383,7 @@ def _faster(columns: onnxruntime.InferenceSession, rows: onnxruntime.InferenceSe
     offsets = 128 * codes.sum(axis=1, dtype=np.int32)
     query = rng.standard_normal(384).astype(np.float32)
     layouts = [Scorer(columns, rows=False), Scorer(rows, rows=True)]
-    blocks = [[s.block(codes)] for s in layouts]
-    best = [float("inf")] * len(layouts)
-    for _ in range(SCORER_TRIALS):  # in turn, so that both see the same drift of the machine
-        for i, s in enumerate(layouts):
-            began = time.perf_counter()
-            s.products(blocks[i], offsets, query)
-            best[i] = min(best[i], time.perf_counter() - began)
+    best = _best_times([partial(s.products, [s.block(codes)], offsets, query) for s in layouts])
     chosen = min(range(len(layouts)), key=best.__getitem__)
     log.info(
         "vector memory: codes held by %s (%.2f ms per %d chunks; the other layout %.2f ms)",
@@ -398,6 +393,18 @@ def _faster(columns: onnxruntime.InferenceSession, rows: onnxruntime.InferenceSe
         best[1 - chosen] * 1000,
     )
     return layouts[chosen]
+
+
+def _best_times(runs: Sequence[Callable[[], object]]) -> list[float]:
+    """Each run's best time of SCORER_TRIALS, the runs taking turns so that all of them see the
+    same drift of the machine."""
+    best = [float("inf")] * len(runs)
+    for _ in range(SCORER_TRIALS):
+        for i, run in enumerate(runs):
+            began = time.perf_counter()
+            run()
+            best[i] = min(best[i], time.perf_counter() - began)
+    return best
 
 
 def _session(*, rows: bool, threads: int = 1) -> onnxruntime.InferenceSession:
@@ -438,20 +445,15 @@ def _nibbles_faster(chosen: Scorer) -> bool:
     del codes
     shape = (WIDE_MIN_CHUNKS, -(-dim // NIBBLE_BLOCK), NIBBLE_BLOCK // 2)
     query = rng.standard_normal(dim).astype(np.float32)
-    best = [float("inf")] * 2
     try:
         nibbles = Nibbles.made(
             dim,
             np.frombuffer(rng.bytes(np.prod(shape)), np.uint8).reshape(shape),
             rng.random(shape[:2], dtype=np.float32) / 100,
         )
-        for _ in range(SCORER_TRIALS):
-            for i, score in enumerate(
-                (lambda: chosen.products(blocks, offsets, query), lambda: nibbles.scores(query))
-            ):
-                began = time.perf_counter()
-                score()
-                best[i] = min(best[i], time.perf_counter() - began)
+        best = _best_times(
+            [lambda: chosen.products(blocks, offsets, query), lambda: nibbles.scores(query)]
+        )
     except Exception:  # an onnxruntime without the operator: the 8-bit codes serve
         log.warning("vector memory: MatMulNBits failed; copies held in 8 bits", exc_info=True)
         return False
@@ -519,8 +521,7 @@ class Nibbles:
 
     @property
     def nbytes(self) -> int:
-        packed = self.codes.nbytes + 3 * self.scales.nbytes  # its scales, a sum per block
-        return self.codes.nbytes + self.scales.nbytes + packed + NIBBLE_SESSION_BYTES
+        return nibble_bytes(*self.codes.shape[:2])
 
     def scores(self, query: np.ndarray) -> np.ndarray:
         """Each chunk's cosine with the query (a unit vector), as its codes give it (float32)."""
@@ -528,6 +529,13 @@ class Nibbles:
         a[0, : self.dim] = query
         scores: np.ndarray = self.session.run(None, {"A": a})[0][0]
         return scores
+
+
+def nibble_bytes(chunks: int, blocks: int) -> int:
+    """What 4-bit codes of this many chunks of this many blocks hold: the codes and scales
+    here, and onnxruntime's packed copy of them with a sum per block (4 bytes a block besides
+    its scale), and the session."""
+    return chunks * blocks * (2 * NIBBLE_BLOCK // 2 + 4 * 4) + NIBBLE_SESSION_BYTES
 
 
 def nibble_codes(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -608,8 +616,7 @@ def copy_bytes(chunks: int, dim: int, *, nibbles: bool = False) -> int:
     onnxruntime's packed copy, which adds a sum per block) and the session."""
     if not nibbles:
         return chunks * (dim + 24)
-    blocks = -(-dim // NIBBLE_BLOCK)
-    return chunks * (16 + 2 * blocks * NIBBLE_BLOCK // 2 + 4 * 4 * blocks) + NIBBLE_SESSION_BYTES
+    return chunks * 16 + nibble_bytes(chunks, -(-dim // NIBBLE_BLOCK))
 
 
 def digest_of(row: Row[Any]) -> Digest:
