@@ -549,14 +549,20 @@ def measure_known_items(db, c):
         f"known items: {len(items)} sentences of the assistant's chunks, each found in its own"
         f" chunk only, asked as questions; how often that chunk comes back"
     )
+    own = current.assistant_text_sql  # a large assistant's TEXT_SQL
+
     for name, rank in (("previous", PREVIOUS_TEXT_RANK), ("current ", CURRENT_TEXT_RANK)):
         for statement, sql in ranked.items():
             setattr(current, statement, text(sql.text.replace(CURRENT_TEXT_RANK, rank)))
+        current.assistant_text_sql = lambda assistant_id, rank=rank: text(
+            own(assistant_id).text.replace(CURRENT_TEXT_RANK, rank)
+        )
         try:
             in_text, in_hybrid, first = known_item_hits(db, c, items, vectors)
         finally:
             for statement, sql in ranked.items():
                 setattr(current, statement, sql)
+            current.assistant_text_sql = own
         print(
             f"  {name} full-text rank: full text's top {TOP_K} {in_text}, the hybrid's top"
             f" {TOP_K} {in_hybrid}, first {first}"

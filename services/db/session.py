@@ -123,12 +123,17 @@ class Database:
 
 
 _compiled: dict[int, tuple[TextClause, str]] = {}
+# Most statements are module constants; a few are made per assistant (search.assistant_text_sql),
+# so the SQL kept is bounded.
+_COMPILED_MAX = 4096
 
 
 def _sql(statement: TextClause, dialect: Dialect) -> str:
-    # Keyed by identity: the statements are module constants, kept alive beside their SQL.
+    # Keyed by identity: each statement is kept alive beside its SQL.
     known = _compiled.get(id(statement))
     if known is None or known[0] is not statement:
+        if len(_compiled) >= _COMPILED_MAX:
+            _compiled.clear()
         known = (statement, str(statement.compile(dialect=dialect)))
         _compiled[id(statement)] = known
     return known[1]

@@ -13,6 +13,7 @@ live in fusion.py; the speed tunables are here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import operator
 import time
@@ -25,7 +26,7 @@ import numpy as np
 from pgvector import Vector
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
-from sqlalchemy import Row, text
+from sqlalchemy import Row, TextClause, text
 
 from services.assistants.domain import ROW_VERSION
 from services.citations import RetrievedChunk, ScoreKind, SourceLocation, join_heading
@@ -230,6 +231,7 @@ CHOSEN_TERMS = r"""
 """
 CHOSEN_TERMS_SQL = text(f"WITH {CHOSEN_TERMS} SELECT CAST(terms AS text) FROM chosen")
 
+
 # The chosen terms, OR-ed: a chunk sharing any of them is a candidate. A candidate's rank is
 # ts_rank over the chosen terms plus ts_rank over the question's terms (`every`: the 32 rarest,
 # none in over a tenth of the chunks), so the chosen terms count twice and the others once. Ranked
@@ -238,17 +240,20 @@ CHOSEN_TERMS_SQL = text(f"WITH {CHOSEN_TERMS} SELECT CAST(terms AS text) FROM ch
 # text's top 8 for 25 of 70 sentences found in one chunk only, now for 66, at the same cost
 # (docs/quality.md, "Full-text ranking", with the variants tried). At most :cap of the assistant's
 # matching chunks are ranked. The title and headings are weighted 'A', the text 'D'
-# (fusion.TEXT_RANK_WEIGHTS).
-TEXT_MATCHES = f"""
+# (fusion.TEXT_RANK_WEIGHTS). assistant: the right-hand side of the assistant's filter, its
+# parameter or one assistant's id (assistant_text_sql).
+def text_matches(assistant: str = ":assistant") -> str:
+    return f"""
     WITH {CHOSEN_TERMS}, matches AS MATERIALIZED (
       SELECT c.id, c.document_id, c.chunk_index, c.start_offset,
              ts_rank(CAST(:weights AS float4[]), c.tsv, (SELECT terms FROM chosen))
              + ts_rank(CAST(:weights AS float4[]), c.tsv, (SELECT every FROM chosen)) AS rank
       FROM chunks c
-      WHERE c.tenant_id = :tenant AND c.assistant_id = :assistant
+      WHERE c.tenant_id = :tenant AND c.assistant_id = {assistant}
         AND c.tsv @@ (SELECT terms FROM chosen)
       LIMIT :cap
     )"""
+
 
 # Only the best :depth matches are looked up in `documents` for the filters: joining every match
 # with its document built a hash of all the assistant's documents per search (1.7 of 13 ms at
@@ -273,9 +278,10 @@ TEXT_MATCHES = f"""
 # whether the settings it remembers are still the assistant's, and whether an answer is stored
 # for the request's request_id (`answered`; never, when :request_id is null), which the answer
 # would replay: with neither, it reads nothing but the search.
-TEXT_SQL = text(
-    f"""
-    {TEXT_MATCHES}, front AS MATERIALIZED (
+def text_sql(assistant: str = ":assistant") -> TextClause:
+    return text(
+        f"""
+    {text_matches(assistant)}, front AS MATERIALIZED (
       SELECT * FROM matches ORDER BY rank DESC, chunk_index, start_offset
       FETCH FIRST :depth ROWS WITH TIES
     ), servable AS MATERIALIZED (
@@ -299,7 +305,21 @@ TEXT_SQL = text(
       ON true
     ORDER BY k.rank DESC, k.chunk_index, k.start_offset, k.display_name, k.sha256
     """
-)
+    )
+
+
+TEXT_SQL = text_sql()
+
+# The large assistants whose full-text statement (assistant_text_sql) a process keeps. Each
+# connection keeps psycopg's 100 most recently prepared statements; Postgres, each one's plan.
+TEXT_STATEMENTS = 1024
+
+
+@functools.lru_cache(maxsize=TEXT_STATEMENTS)
+def assistant_text_sql(assistant_id: uuid.UUID) -> TextClause:
+    """TEXT_SQL for one large assistant, its id written into the statement (see planned_once)."""
+    return text_sql(f"CAST('{assistant_id}' AS uuid)")
+
 
 # Should the filters leave fewer than :limit of the leading matches while more were ranked,
 # every ranked match is filtered instead, so the rows are the ones ranking all servable matches
@@ -308,7 +328,7 @@ TEXT_SQL = text(
 # full-text query at 10k-1M chunks, 9% at 100k; on its own it costs a second round trip when due.
 TEXT_FALLBACK_SQL = text(
     f"""
-    {TEXT_MATCHES}
+    {text_matches()}
     SELECT {CANDIDATE_COLUMNS}, m.rank
     FROM matches m JOIN chunks c ON c.id = m.id JOIN documents d ON d.id = m.document_id
     WHERE {SERVABLE}
@@ -550,11 +570,16 @@ def planned_once(size: AssistantSize) -> bool:
     then plans it once for any values when that plan costs no more: for the assistants
     searched exactly, whose few thousand chunks cost the same whatever the plan, planning each
     search was a third of the full-text query's CPU (1.1 of 3.4 ms at 1,000 chunks) and a
-    quarter of the vector query's. A larger assistant's searches are never prepared (but for
-    the read of the candidates found in memory, held_candidates), so each is planned for its
-    own values: only then is an assistant's own HNSW index (a partial one, indexes.py) seen to
-    serve it, and a generic plan of the full-text query, whose tsquery and row budget decide
-    the plan, took 20.3 against 13.9 ms p50 (29.5 against 19.9 ms p95) at 100k chunks.
+    quarter of the vector query's. A larger assistant's vector statements are never prepared
+    (but for the read of the candidates found in memory, held_candidates), so each is planned
+    for its own values: only then is an assistant's own HNSW index (a partial one, indexes.py)
+    seen to serve it. Its full-text statement is prepared with the assistant's id written in
+    (assistant_text_sql): the plan depends on the assistant's share of the table (through the
+    full-text index alone for a large share; with the assistant's rows, ANDed, for a small
+    one), and one plan for every assistant chose the AND for a large one and took 20.3 against
+    13.9 ms p50 (29.5 against 19.9 ms p95) at 100k chunks. With the id known, the plan Postgres
+    keeps is the one it chooses for that assistant each time, and planning it each time was
+    1.1-1.4 ms of the statement's CPU at 100k chunks.
     """
     return size.chunks <= EXACT_MAX_CHUNKS
 
@@ -596,7 +621,8 @@ def text_search(
         "request_id": request_id or None,
     }
     prepare = planned_once(size)
-    rows = fetch(s, TEXT_SQL, params, prepare=prepare)
+    statement = TEXT_SQL if prepare else assistant_text_sql(uuid.UUID(assistant_id))
+    rows = fetch(s, statement, params, prepare=True)
     first = rows[0]
     if first.id is None:  # no leading match is servable
         rows = []

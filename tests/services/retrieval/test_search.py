@@ -384,12 +384,25 @@ async def test_only_a_small_assistant_s_searches_share_a_plan(
         assert any("<=>" in sql for sql in prepared(single))
         single.read(lambda s: s.execute(text("DEALLOCATE ALL")))
         single.dispose()  # psycopg forgets what it prepared with the connection
-        # Searched through HNSW: each statement planned for its own values, never prepared.
+        # Searched through HNSW: each vector statement planned for its own values, never
+        # prepared; the full-text statement prepared for this assistant alone, which Postgres
+        # then plans once.
         monkeypatch.setattr(searching, "EXACT_MAX_CHUNKS", -1)
         monkeypatch.setattr(searching, "_sizes", {})
         large = single.read(search)
-        assert not any("ts_rank" in sql or "<=>" in sql for sql in prepared(single))
+        assert not any("<=>" in sql for sql in prepared(single))
+        (full_text,) = [sql for sql in prepared(single) if "ts_rank" in sql]
+        assert f"CAST('{assistant}' AS uuid)" in full_text
         assert [c.chunk_id for c in large] == [c.chunk_id for c in small]
+        for _ in range(6):  # Postgres weighs a generic plan after five planned for the values
+            assert [c.chunk_id for c in single.read(search)] == [c.chunk_id for c in small]
+        plans = single.read(
+            lambda s: s.execute(
+                text("SELECT generic_plans FROM pg_prepared_statements WHERE statement LIKE :own"),
+                {"own": f"%CAST('{assistant}' AS uuid)%"},
+            ).scalar_one()
+        )
+        assert plans > 0
     finally:
         single.dispose()
 
