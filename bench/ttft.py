@@ -22,15 +22,15 @@ they cost it time on the way to the first delta.
 
 Two breakdowns follow. "In the server" comes from the server's own spans, sent over OTLP to
 this process and read after the server has stopped (nothing is exported while it answers):
-arrival (the call until the server's span starts), retrieval (from there until the chunks
-are ready: the embedding, the search, and the assistant's read beside them when the server
-reads it (not once the full-text query has found its row unchanged), whose own durations
-are shown too, with when the embedding began and the search's vector and full-text
-queries, each from its start to its rows in Python), prompt (chunks to the model being
-asked: sources, excerpts, the numbered context), model (asked until its first text, over
-HTTP; the upstream's own first token, measured right before by this process, is the
-baseline) and relay (the model's first text until the first delta is handed to gRPC), then
-to the client.
+arrival (the call until the server's span starts), retrieval (from there until the chunks are
+ready: the embedding, the search, and the assistant's read beside them when the server reads it
+(not once the full-text query has found its row unchanged), whose own durations are shown too,
+with when the embedding began and the search's vector and full-text queries, each from its
+start to its rows in Python; "handed" is from the embedding's end to the vector query's start,
+"fusion" from the later query's rows to the chunks), prompt (chunks to the model being asked:
+sources, excerpts, the numbered context), model (asked until its first text, over HTTP; the
+upstream's own first token, measured right before by this process, is the baseline) and relay
+(the model's first text until the first delta is handed to gRPC), then to the client.
 
 "Alone in this process" times each step by itself on the same database, after the server has
 stopped: auth (an uncached key lookup; the server keeps a found key for 30 s), assistant (the
@@ -156,8 +156,9 @@ def server_steps(
     sink: SpanSink, calls: dict[str, tuple[int, int]], own: dict[str, float]
 ) -> dict[str, list[float]]:
     """Each request's start, step by step, from the server's spans (seconds)."""
-    names = ("arrival", "retrieval", "  assistant", "  embedding", "    began", "  vector")
-    names += ("  text", "prompt", "model", "  over own", "relay", "to client")
+    names = ("arrival", "retrieval", "  assistant", "  embedding", "    began", "  handed")
+    names += ("  vector", "  text", "  fusion", "prompt", "model", "  over own", "relay")
+    names += ("to client",)
     steps: dict[str, list[float]] = {k: [] for k in names}
     for spans in sink.traces().values():
         rpc = next((s for s in spans if s.name.endswith("/StreamComplete")), None)
@@ -179,8 +180,15 @@ def server_steps(
             "  assistant": duration(load),
             "  embedding": duration(embed),
             "    began": embed.start_time_unix_nano - rpc.start_time_unix_nano if embed else None,
+            "  handed": vector.start_time_unix_nano - embed.end_time_unix_nano
+            if vector and embed
+            else None,
             "  vector": duration(vector),
             "  text": duration(text),
+            "  fusion": retrieve.end_time_unix_nano
+            - max(vector.end_time_unix_nano, text.end_time_unix_nano)
+            if vector and text
+            else None,
             "prompt": generate.start_time_unix_nano - retrieve.end_time_unix_nano,
             "model": model,
             "  over own": model - round(own[rid] * 1e9) if model is not None else None,
