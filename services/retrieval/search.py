@@ -633,14 +633,14 @@ def text_search(
         "limit": limit,
         "request_id": request_id or None,
     }
-    prepare = planned_once(size)
-    statement = TEXT_SQL if prepare else assistant_text_sql(uuid.UUID(assistant_id))
+    shared = planned_once(size)
+    statement = TEXT_SQL if shared else assistant_text_sql(params["assistant"])
     rows = fetch(s, statement, params, prepare=True)
     first = rows[0]
     if first.id is None:  # no leading match is servable
         rows = []
     if len(rows) < limit and first.more:
-        rows = fetch(s, TEXT_FALLBACK_SQL, params, prepare=prepare)
+        rows = fetch(s, TEXT_FALLBACK_SQL, params, prepare=shared)
     version = None if first.assistant_version is None else int(first.assistant_version)
     return TextCandidates(rows, version, bool(first.answered))
 
